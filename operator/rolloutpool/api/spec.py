@@ -1,0 +1,263 @@
+"""Pydantic models of the RolloutPool spec: the single source of the CRD schema.
+
+Every field carries a docstring (it becomes the CRD's ``description``), a camelCase
+alias (the wire name) and its validation bounds. Rules that span several fields are
+written twice on purpose: as a CEL rule in ``x-kubernetes-validations`` (so the API
+server rejects the manifest) and as a pydantic validator (so the operator and tests
+reject exactly the same manifests); ``tests/test_crd_sync.py`` checks they agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+__all__ = [
+    "AutoscalingSpec",
+    "ConcurrencySpec",
+    "EngineKind",
+    "EngineSpec",
+    "KvDtype",
+    "ModelShape",
+    "RolloutPoolSpec",
+    "RouterSpec",
+    "SimulatorSpec",
+    "SpecModel",
+    "UpdateStrategySpec",
+]
+
+EngineKind = Literal["vllm", "simulated"]
+KvDtype = Literal["bfloat16", "float16", "float32", "fp8"]
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    entry: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase wire names, unknown fields rejected, JSON types strict.
+
+    Strict mode makes pydantic reject what the API server rejects (``"4"`` for an
+    integer), instead of coercing it.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        frozen=True,
+        strict=True,
+    )
+
+
+class ModelShape(SpecModel):
+    """Attention shape of the served model; sizes the KV cache per token."""
+
+    layers: int = Field(ge=1, le=1024)
+    """Number of transformer layers."""
+
+    kv_heads: int = Field(ge=1, le=1024)
+    """Number of key/value heads per layer (after grouped-query attention)."""
+
+    head_dim: int = Field(ge=1, le=4096)
+    """Dimension of one attention head."""
+
+    kv_dtype: KvDtype = "bfloat16"
+    """Data type of the KV cache."""
+
+    weight_gib: float | None = Field(default=None, ge=0, le=4096)
+    """Size of the model weights per replica in GiB; used to estimate KV capacity."""
+
+
+class SimulatorSpec(SpecModel):
+    """Settings of the CPU engine simulator, used when ``engine.kind`` is ``simulated``."""
+
+    time_scale: float = Field(default=1.0, ge=0.001, le=10000)
+    """Simulated seconds per wall-clock second (10 runs the model ten times faster)."""
+
+    hardware: Literal["h100-80gb", "h200-141gb"] = "h100-80gb"
+    """Cost-model preset of the simulated GPU."""
+
+
+class EngineSpec(SpecModel):
+    """The inference engine each replica runs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.kind != 'vllm' || has(self.image)",
+                    "engine.image is required when engine.kind is vllm",
+                    ".image",
+                ),
+                _cel(
+                    "self.kind != 'vllm' || self.gpusPerReplica >= 1",
+                    "engine.gpusPerReplica must be at least 1 when engine.kind is vllm",
+                    ".gpusPerReplica",
+                ),
+            ]
+        }
+    )
+
+    kind: EngineKind
+    """``vllm`` runs the vLLM OpenAI server; ``simulated`` runs RolloutPool's CPU engine simulator."""
+
+    model: str = Field(min_length=1, max_length=253)
+    """Model to serve (a Hugging Face id or a path); also the served model name."""
+
+    max_model_len: int = Field(ge=128, le=10_485_760)
+    """Maximum context length in tokens (vLLM ``--max-model-len``)."""
+
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """Container image of the engine; required for vllm, defaults to the operator's image when simulated."""
+
+    gpus_per_replica: int = Field(default=1, ge=0, le=16)
+    """GPUs per replica (``nvidia.com/gpu``); tensor parallel size for vllm."""
+
+    gpu_memory_gib: float = Field(default=80.0, gt=0, le=4096)
+    """Memory of one GPU in GiB; used with ``modelShape`` to estimate KV capacity."""
+
+    gpu_memory_utilization: float = Field(default=0.9, ge=0.05, le=0.99)
+    """Fraction of GPU memory vLLM may use (``--gpu-memory-utilization``)."""
+
+    kv_capacity_tokens: int | None = Field(default=None, ge=16, le=1_000_000_000)
+    """KV capacity per replica in tokens, when known; otherwise estimated, then read from the engine."""
+
+    model_shape: ModelShape | None = None
+    """Attention shape of the model, for the KV capacity estimate."""
+
+    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    """Extra command-line arguments appended to the engine command."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector of the engine pods."""
+
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    """Tolerations of the engine pods (core/v1 Toleration objects, passed through)."""
+
+    simulator: SimulatorSpec | None = None
+    """Simulator settings; only used when ``kind`` is ``simulated``."""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> EngineSpec:
+        if self.kind == "vllm" and self.image is None:
+            raise ValueError("engine.image is required when engine.kind is vllm")
+        if self.kind == "vllm" and self.gpus_per_replica < 1:
+            raise ValueError("engine.gpusPerReplica must be at least 1 when engine.kind is vllm")
+        return self
+
+
+class ConcurrencySpec(SpecModel):
+    """Per-replica caps on live sessions, derived from KV capacity."""
+
+    expected_residency: float = Field(default=0.5, ge=0.01, le=1.0)
+    """Mean fraction of ``maxModelLen`` a live session keeps resident; 1.0 never evicts."""
+
+    headroom: float = Field(default=0.1, ge=0.0, le=0.9)
+    """Fraction of the oversubscribed cap kept free as a safety margin."""
+
+    max_sessions_per_replica: int | None = Field(default=None, ge=1, le=100_000)
+    """Hard ceiling on live sessions per replica, whatever the capacity says."""
+
+
+class RouterSpec(SpecModel):
+    """The session router placed in front of the engine replicas."""
+
+    replicas: int = Field(default=1, ge=0, le=64)
+    """Router pods."""
+
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """Router image; defaults to the operator's image."""
+
+    session_header: str = Field(
+        default="X-Session-ID", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$"
+    )
+    """HTTP header that carries the session id."""
+
+    idle_timeout_seconds: int = Field(default=1800, ge=1, le=604_800)
+    """A session idle this long is released (the safety net; release explicitly)."""
+
+    queue_timeout_seconds: int = Field(default=600, ge=0, le=86_400)
+    """How long a new session may wait for a free slot before a 503."""
+
+    max_queue_length: int = Field(default=10_000, ge=0, le=1_000_000)
+    """New sessions that may wait at once; beyond it the router answers 429."""
+
+
+class AutoscalingSpec(SpecModel):
+    """Adaptive per-replica caps from Prometheus KV-pressure signals."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!self.enabled || has(self.prometheusUrl)",
+                    "autoscaling.prometheusUrl is required when autoscaling.enabled is true",
+                    ".prometheusUrl",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = False
+    """Move caps with measured pressure; off keeps the cap derived from the spec."""
+
+    prometheus_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
+    """Base URL of the Prometheus that scrapes the engines and the router."""
+
+    interval_seconds: int = Field(default=15, ge=5, le=3600)
+    """Period of the control loop."""
+
+    target_kv_usage: float = Field(default=0.85, ge=0.1, le=1.0)
+    """KV usage below which a replica without pressure may take more sessions."""
+
+    cooldown_seconds: int = Field(default=60, ge=0, le=86_400)
+    """Minimum time between two cap changes of one replica (anti-flap)."""
+
+    decrease_factor: float = Field(default=0.7, ge=0.1, le=0.99)
+    """Multiplicative cut of a cap on eviction or preemption."""
+
+    increase_step: int = Field(default=1, ge=1, le=1000)
+    """Additive raise of a cap per interval without pressure."""
+
+    @model_validator(mode="after")
+    def _check_url(self) -> AutoscalingSpec:
+        if self.enabled and self.prometheus_url is None:
+            raise ValueError("autoscaling.prometheusUrl is required when autoscaling.enabled is true")
+        return self
+
+
+class UpdateStrategySpec(SpecModel):
+    """How replicas are removed and replaced."""
+
+    drain_timeout_seconds: int = Field(default=1800, ge=0, le=604_800)
+    """How long a draining replica may keep its live sessions before it is deleted anyway."""
+
+
+class RolloutPoolSpec(SpecModel):
+    """Desired state of a RolloutPool."""
+
+    replicas: int = Field(ge=0, le=1024)
+    """Number of engine replicas (one pod each)."""
+
+    engine: EngineSpec
+    """The engine every replica runs."""
+
+    concurrency: ConcurrencySpec = Field(default_factory=ConcurrencySpec)
+    """Per-replica session caps."""
+
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    """The session router."""
+
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Adaptive concurrency."""
+
+    update_strategy: UpdateStrategySpec = Field(default_factory=UpdateStrategySpec)
+    """Drain and replacement of replicas."""

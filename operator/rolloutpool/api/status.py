@@ -1,0 +1,147 @@
+"""Pydantic models of the RolloutPool status and of the whole object."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from rolloutpool.api.spec import RolloutPoolSpec
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "KIND",
+    "PLURAL",
+    "Condition",
+    "ConditionStatus",
+    "ReplicaStatus",
+    "RolloutPool",
+    "RolloutPoolStatus",
+    "StatusModel",
+]
+
+API_GROUP = "rolloutpool.io"
+API_VERSION = "v1alpha1"
+KIND = "RolloutPool"
+PLURAL = "rolloutpools"
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class StatusModel(BaseModel):
+    """Base of the status models: camelCase wire names, tolerant of fields written by newer operators."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
+
+
+class Condition(StatusModel):
+    """One observation of the pool's state, Kubernetes style."""
+
+    type: str = Field(min_length=1, max_length=316)
+    """Condition type: Ready, Progressing, Degraded, ReplicasQuarantined, MetricsAvailable."""
+
+    status: ConditionStatus
+    """True, False or Unknown."""
+
+    reason: str = Field(min_length=1, max_length=1024)
+    """CamelCase reason for the last transition."""
+
+    message: str = Field(default="", max_length=32_768)
+    """Human-readable detail."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The ``metadata.generation`` this condition was computed from."""
+
+    last_transition_time: datetime
+    """When ``status`` last changed."""
+
+
+class ReplicaStatus(StatusModel):
+    """Observed state and decided limits of one engine replica."""
+
+    name: str
+    """Pod name, ``<pool>-engine-<index>``."""
+
+    index: int = Field(ge=0)
+    """Replica index."""
+
+    ready: bool = False
+    """Whether the pod is ready to serve."""
+
+    live_sessions: int = Field(default=0, ge=0)
+    """Sessions started on this replica and not yet released."""
+
+    cap: int | None = Field(default=None, ge=0)
+    """Current cap on live sessions."""
+
+    kv_capacity_tokens: int | None = Field(default=None, ge=0)
+    """KV capacity reported by the engine (``num_gpu_blocks * block_size``)."""
+
+    kv_usage: float | None = Field(default=None, ge=0.0, le=1.0)
+    """KV cache usage (0..1) as the engine reports it; idle cached prefixes count as free."""
+
+    quarantined: bool = False
+    """Whether the replica receives no new sessions."""
+
+    reason: str | None = None
+    """Why the replica is quarantined or draining."""
+
+
+class RolloutPoolStatus(StatusModel):
+    """Observed state of a RolloutPool, rebuilt on every reconcile."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The ``metadata.generation`` the operator last acted on."""
+
+    replicas: int = Field(default=0, ge=0)
+    """Engine pods that exist."""
+
+    ready_replicas: int = Field(default=0, ge=0)
+    """Engine pods that are ready."""
+
+    selector: str | None = None
+    """Label selector of the engine pods (for the scale subresource)."""
+
+    live_sessions: int = Field(default=0, ge=0)
+    """Live sessions over all replicas."""
+
+    queued_sessions: int = Field(default=0, ge=0)
+    """New sessions waiting in the router for a free slot."""
+
+    quarantined_replicas: int = Field(default=0, ge=0)
+    """Replicas currently quarantined."""
+
+    replica_status: list[ReplicaStatus] = Field(default_factory=list)
+    """One entry per replica."""
+
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing, Degraded, ReplicasQuarantined, MetricsAvailable."""
+
+
+class RolloutPool(BaseModel):
+    """A whole RolloutPool object as the API server returns it."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", use_attribute_docstrings=True)
+
+    api_version: Literal["rolloutpool.io/v1alpha1"] = Field(alias="apiVersion")
+    """``rolloutpool.io/v1alpha1``."""
+
+    kind: Literal["RolloutPool"]
+    """``RolloutPool``."""
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Standard object metadata."""
+
+    spec: RolloutPoolSpec
+    """Desired state."""
+
+    status: RolloutPoolStatus | None = None
+    """Observed state."""

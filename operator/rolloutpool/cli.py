@@ -1,0 +1,204 @@
+"""The ``rolloutpool`` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import TextIO
+
+import click
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from rolloutpool.api import RolloutPool
+from rolloutpool.api.crd import render_crd
+from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
+from rolloutpool.planner import PlanInputs, plan_rows
+
+__all__ = ["main"]
+
+_console = Console()
+_DEFAULT_CLUSTER_DIR = Path.home() / ".cache" / "rolloutpool" / "clusters" / "default"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rolloutpool")
+def main() -> None:
+    """RolloutPool: operator, session router and simulator for vLLM rollout fleets."""
+
+
+@main.command()
+@click.option("--model", type=click.Choice(sorted(MODEL_PRESETS)), default="qwen3-8b", show_default=True)
+@click.option("--gpu", type=click.Choice(sorted(GPU_PRESETS)), default="h100-80gb", show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=128), default=32768, show_default=True)
+@click.option(
+    "--residency",
+    "residencies",
+    type=click.FloatRange(min=0.01, max=1.0),
+    multiple=True,
+    help="Expected mean residency (repeatable). Default: 1.0, 0.75, 0.5, 0.25.",
+)
+@click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
+@click.option("--gpu-memory-utilization", type=click.FloatRange(min=0.05, max=0.99), default=0.9, show_default=True)
+@click.option("--gpus-per-replica", type=click.IntRange(min=1, max=16), default=1, show_default=True)
+@click.option("--kv-dtype", type=click.Choice(["bfloat16", "float16", "float32", "fp8"]), default="bfloat16")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-sessions-per-replica", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plan(
+    model: str,
+    gpu: str,
+    max_model_len: int,
+    residencies: tuple[float, ...],
+    headroom: float,
+    gpu_memory_utilization: float,
+    gpus_per_replica: int,
+    kv_dtype: str,
+    replicas: int,
+    max_sessions_per_replica: int | None,
+    as_json: bool,
+) -> None:
+    """Plan KV capacity and per-replica session caps before writing a manifest."""
+    inputs = PlanInputs(
+        model=model,
+        gpu=gpu,
+        max_model_len=max_model_len,
+        residencies=residencies or (1.0, 0.75, 0.5, 0.25),
+        headroom=headroom,
+        gpu_memory_utilization=gpu_memory_utilization,
+        num_gpus=gpus_per_replica,
+        kv_dtype=kv_dtype,
+        replicas=replicas,
+        ceiling=max_sessions_per_replica,
+    )
+    try:
+        rows = plan_rows(inputs)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    if as_json:
+        click.echo(json.dumps({"inputs": asdict(inputs), "rows": [asdict(r) for r in rows]}, indent=2))
+        return
+    first = rows[0]
+    title = (
+        f"{model} on {gpus_per_replica}x {gpu}, maxModelLen {max_model_len}, "
+        f"gpuMemoryUtilization {gpu_memory_utilization}, headroom {headroom}"
+    )
+    table = Table(title=title)
+    for name in ("residency", "KV bytes/token", "KV capacity (tokens)", "KV (GiB)", "floor cap", "cap", "fleet"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            f"{row.residency:.2f}",
+            f"{row.kv_bytes_per_token // 1024} KiB",
+            f"{row.kv_capacity_tokens:,}",
+            f"{row.kv_capacity_gib:.1f}",
+            str(row.floor),
+            str(row.cap),
+            f"{row.fleet_sessions} ({replicas} replicas)",
+        )
+    _console.print(table)
+    _console.print(
+        f"floor = capacity // maxModelLen never evicts ({first.floor} sessions); "
+        "cap = capacity / (maxModelLen x residency) x (1 - headroom) oversubscribes on purpose."
+    )
+
+
+@main.command()
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def crd(output: Path | None) -> None:
+    """Print (or write) the RolloutPool CRD generated from the API models."""
+    text = render_crd()
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        click.echo(f"Wrote {output}")
+
+
+@main.command()
+@click.argument("manifest", type=click.File("r"))
+def validate(manifest: TextIO) -> None:
+    """Check RolloutPool manifests (YAML, several documents allowed) against the API models."""
+    failed = False
+    for doc in yaml.safe_load_all(manifest):
+        if not doc:
+            continue
+        name = (doc.get("metadata") or {}).get("name", "<unnamed>") if isinstance(doc, dict) else "<not a map>"
+        try:
+            RolloutPool.model_validate(doc)
+        except ValidationError as err:
+            failed = True
+            click.echo(f"{name}: invalid", err=True)
+            for problem in err.errors():
+                where = ".".join(str(p) for p in problem["loc"])
+                click.echo(f"  {where}: {problem['msg']}", err=True)
+        else:
+            click.echo(f"{name}: valid")
+    if failed:
+        sys.exit(1)
+
+
+@main.group()
+def localcluster() -> None:
+    """A real Kubernetes control plane (etcd, kube-apiserver, controller-manager) on loopback."""
+
+
+_dir_option = click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=_DEFAULT_CLUSTER_DIR,
+    show_default=True,
+    help="Where the cluster keeps its state, certificates and logs.",
+)
+
+
+@localcluster.command("up")
+@_dir_option
+def localcluster_up(directory: Path) -> None:
+    """Build (once) and start the control plane in the background."""
+    from rolloutpool.localcluster.cluster import LocalCluster  # noqa: PLC0415 - keep `plan` fast
+
+    cluster = LocalCluster(directory, detach=True, log=_console.log).start()
+    click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
+    click.echo(f"export PATH={cluster.binaries.kubectl.parent}:$PATH")
+
+
+@localcluster.command("down")
+@_dir_option
+def localcluster_down(directory: Path) -> None:
+    """Stop a control plane started with `up`."""
+    from rolloutpool.localcluster.cluster import stop_recorded  # noqa: PLC0415
+
+    stopped = stop_recorded(directory)
+    click.echo(f"Stopped {', '.join(stopped)}" if stopped else f"No running cluster recorded in {directory}")
+
+
+@localcluster.command("env")
+@_dir_option
+def localcluster_env(directory: Path) -> None:
+    """Print shell exports for kubectl and helm against the running control plane."""
+    from rolloutpool.localcluster.build import cache_root  # noqa: PLC0415
+
+    if not (directory / "pids.json").exists():
+        raise click.ClickException(f"no running cluster in {directory}; run `rolloutpool localcluster up`")
+    click.echo(f"export KUBECONFIG={directory / 'kubeconfig'}")
+    click.echo(f"export PATH={cache_root() / 'bin'}:$PATH")
+
+
+@main.command()
+@_dir_option
+@click.option("--once", is_flag=True, help="Exit after printing instead of waiting for Ctrl-C.")
+def demo(directory: Path, once: bool) -> None:
+    """Run the local demo: control plane, CRD, example pools, `kubectl get rp`."""
+    from rolloutpool.demo import run_demo  # noqa: PLC0415
+
+    run_demo(directory=directory, once=once, console=_console)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
