@@ -85,10 +85,10 @@ def plan(
     first = rows[0]
     title = (
         f"{model} on {gpus_per_replica}x {gpu}, maxModelLen {max_model_len}, "
-        f"gpuMemoryUtilization {gpu_memory_utilization}, headroom {headroom}"
+        f"util {gpu_memory_utilization}, headroom {headroom}"
     )
     table = Table(title=title)
-    for name in ("residency", "KV bytes/token", "KV capacity (tokens)", "KV (GiB)", "floor cap", "cap", "fleet"):
+    for name in ("residency", "KV/token", "KV tokens", "KV GiB", "floor", "cap", f"fleet cap x{replicas}"):
         table.add_column(name, justify="right")
     for row in rows:
         table.add_row(
@@ -98,7 +98,7 @@ def plan(
             f"{row.kv_capacity_gib:.1f}",
             str(row.floor),
             str(row.cap),
-            f"{row.fleet_sessions} ({replicas} replicas)",
+            str(row.fleet_sessions),
         )
     _console.print(table)
     _console.print(

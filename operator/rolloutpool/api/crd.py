@@ -70,6 +70,14 @@ def _finish(node: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node.get(exclusive), int | float) and not isinstance(node[exclusive], bool):
             node[plain] = node[exclusive]
             node[exclusive] = True
+    minimum = node.get("minimum")
+    if node.get("type") == "number" and isinstance(minimum, float) and not minimum.is_integer():
+        # kube-apiserver truncates a fractional minimum when the value is a JSON integer
+        # (0 passes `minimum: 0.01`); a CEL rule compares as double and closes the gap.
+        rule = {"rule": f"self >= {minimum!r}", "message": f"must be greater than or equal to {minimum!r}"}
+        rules = node.setdefault("x-kubernetes-validations", [])
+        if rule not in rules:
+            rules.append(rule)
     if "enum" in node and "type" not in node:
         node["type"] = "string"
     if node.get("type") == "object" and "properties" not in node and "additionalProperties" not in node:

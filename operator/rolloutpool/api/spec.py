@@ -98,7 +98,7 @@ class EngineSpec(SpecModel):
                     ".image",
                 ),
                 _cel(
-                    "self.kind != 'vllm' || self.gpusPerReplica >= 1",
+                    "self.kind != 'vllm' || !has(self.gpusPerReplica) || self.gpusPerReplica >= 1",
                     "engine.gpusPerReplica must be at least 1 when engine.kind is vllm",
                     ".gpusPerReplica",
                 ),
@@ -198,7 +198,7 @@ class AutoscalingSpec(SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "!self.enabled || has(self.prometheusUrl)",
+                    "!has(self.enabled) || !self.enabled || has(self.prometheusUrl)",
                     "autoscaling.prometheusUrl is required when autoscaling.enabled is true",
                     ".prometheusUrl",
                 )

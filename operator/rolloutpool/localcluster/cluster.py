@@ -136,16 +136,19 @@ class LocalCluster:
     def kubectl(
         self, *args: str, check: bool = True, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this cluster."""
-        return subprocess.run(
+        """Run kubectl against this cluster; with ``check`` a failure raises with kubectl's stderr."""
+        result = subprocess.run(
             [str(self.binaries.kubectl), *args],
             env=self.env(),
             input=input_text,
             capture_output=True,
             text=True,
-            check=check,
+            check=False,
             timeout=120,
         )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
 
     def start(self) -> LocalCluster:
         """Start every component and wait until the API server is ready."""
