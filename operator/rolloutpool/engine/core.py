@@ -1,0 +1,383 @@
+"""A vLLM-like continuous-batching scheduler over :class:`BlockPool` (pure, no I/O, no clock).
+
+Behaviours copied from vLLM's V1 scheduler (DESIGN section 5):
+
+- running requests are served first, in admission order; each step a request computes
+  ``len(sequence) - num_computed`` new tokens (its prompt in chunks of the per-step
+  token budget, then one token per step), and samples one token when it has
+  computed its whole sequence;
+- a running request that cannot get a block preempts the newest running request by
+  recompute (blocks freed, request back at the head of the waiting queue); no waiting
+  request is admitted in a step with a preemption;
+- waiting requests are admitted FIFO under ``max_num_seqs`` and the token budget; the
+  prefix-cache hit covers whole blocks of ``sequence[:-1]``; a head that cannot get its
+  blocks blocks the queue;
+- full blocks are sealed (made shareable) as soon as they are full, prompt or output.
+
+Time is not read here: :meth:`Engine.step` returns the step's duration from the cost
+model, and the caller (fleet simulator or HTTP server) owns the clock. For speed,
+:meth:`Engine.decode_run` advances many pure-decode steps at once when nothing can
+change the batch in between; its result is identical to repeated single steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutpool.engine.blocks import BlockPool
+from rolloutpool.engine.cost import CostModel
+
+__all__ = ["Engine", "EngineConfig", "EngineCounters", "Request", "StepOutcome"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler limits of one replica."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 32768
+    cost: CostModel = field(default_factory=CostModel)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """``num_gpu_blocks * block_size`` as vLLM reports it."""
+        return self.num_gpu_blocks * self.block_size
+
+
+class Request:
+    """One generation request: a prompt, a planned output length, and the chain hashes.
+
+    ``hashes`` holds the chain hash of every full block of ``prompt + planned output``;
+    blocks beyond it (never reached) are not needed. ``tag`` is the caller's.
+    """
+
+    __slots__ = (
+        "arrival",
+        "cached_tokens",
+        "finish_reason",
+        "first_token_step",
+        "hashes",
+        "max_tokens",
+        "n_hashed",
+        "n_private",
+        "num_computed",
+        "num_output",
+        "preemptions",
+        "prompt_len",
+        "rid",
+        "scheduled_once",
+        "tag",
+    )
+
+    def __init__(
+        self, rid: int, *, prompt_len: int, max_tokens: int, hashes: list[int], tag: Any = None, arrival: float = 0.0
+    ) -> None:
+        if prompt_len < 1 or max_tokens < 1:
+            raise ValueError("prompt_len and max_tokens must be at least 1")
+        self.rid = rid
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.hashes = hashes
+        self.tag = tag
+        self.arrival = arrival
+        self.num_computed = 0
+        self.num_output = 0
+        self.n_hashed = 0
+        self.n_private = 0
+        self.cached_tokens = 0
+        self.preemptions = 0
+        self.scheduled_once = False
+        self.first_token_step = False
+        self.finish_reason: str | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt plus tokens generated so far."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks this request holds."""
+        return self.n_hashed + self.n_private
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters with vLLM's meanings."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    finished_stop: int = 0
+    finished_length: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class StepOutcome:
+    """What one step (or one decode run) did."""
+
+    duration: float
+    steps: int
+    finished: list[Request]
+    first_tokens: list[Request]
+    preempted: list[Request]
+    generated: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Engine:
+    """One replica: waiting queue, running batch, block pool, counters."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.counters = EngineCounters()
+        self._bs = config.block_size
+
+    # -- intake ---------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a request. Raises ``ValueError`` when its prompt cannot fit the context."""
+        if request.prompt_len >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {request.prompt_len} tokens does not fit max_model_len {self.config.max_model_len}"
+            )
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> bool:
+        """Drop a request wherever it is; returns whether it was found."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            return False
+        self._free(request)
+        request.finish_reason = "abort"
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step would do anything."""
+        return bool(self.running or self.waiting)
+
+    # -- one step -------------------------------------------------------------------
+
+    def step(self) -> StepOutcome:
+        """Schedule and execute one engine step."""
+        bs, pool = self._bs, self.pool
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n_new = min(req.seq_len - req.num_computed, budget)
+            need = _ceil_div(req.num_computed + n_new, bs) - req.held_blocks
+            while need > pool.num_free:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if preempted and preempted[-1] is req:
+                break
+            pool.take_new(need)
+            req.n_private += need
+            scheduled.append((req, n_new))
+            budget -= n_new
+            i += 1
+        if not preempted:
+            budget = self._admit(budget, scheduled)
+        return self._execute(scheduled, preempted)
+
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        bs, pool = self._bs, self.pool
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            total = req.seq_len
+            hits = pool.count_hits(req.hashes, (total - 1) // bs)
+            hit_tokens = hits * bs
+            n_new = min(total - hit_tokens, budget)
+            need = _ceil_div(hit_tokens + n_new, bs) - hits
+            hit_hashes = req.hashes[:hits]
+            reclaimed = sum(1 for h in hit_hashes if not self.pool.is_held(h))
+            if need > pool.num_free - reclaimed:
+                break  # head-of-line blocking
+            self.waiting.popleft()
+            pool.take_cached(hit_hashes)
+            pool.take_new(need)
+            req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
+            self.counters.prefix_queries += total
+            self.counters.prefix_hits += hit_tokens
+            if not req.scheduled_once:
+                req.scheduled_once = True
+                req.cached_tokens = hit_tokens
+                self.counters.prompt_tokens += req.prompt_len
+            self.running.append(req)
+            scheduled.append((req, n_new))
+            budget -= n_new
+        return budget
+
+    def _execute(self, scheduled: list[tuple[Request, int]], preempted: list[Request]) -> StepOutcome:
+        cost = self.config.cost
+        prefill_tokens = 0
+        kv_read = 0
+        for req, n_new in scheduled:
+            kv_read += req.num_computed
+            if n_new > 1 or req.num_output == 0:
+                prefill_tokens += n_new
+        duration = cost.step_seconds(prefill_tokens=prefill_tokens, kv_tokens_read=kv_read) if scheduled else 0.0
+        finished: list[Request] = []
+        first: list[Request] = []
+        generated = 0
+        for req, n_new in scheduled:
+            req.num_computed += n_new
+            self._seal(req)
+            if req.num_computed == req.seq_len:
+                req.num_output += 1
+                generated += 1
+                if req.num_output == 1:
+                    first.append(req)
+                if self._done(req):
+                    finished.append(req)
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += 1 if scheduled else 0
+        self.counters.busy_seconds += duration
+        return StepOutcome(duration, 1 if scheduled else 0, finished, first, preempted, generated)
+
+    # -- many decode steps at once ----------------------------------------------------
+
+    def decode_run_length(self, max_steps: int) -> int:
+        """Steps that would all be pure decode with an unchanged batch (0: use :meth:`step`).
+
+        True when every running request is decoding, nobody can be admitted, and blocks
+        suffice; the run ends at the first finish (included) or before a block shortage.
+        """
+        running = self.running
+        if not running or max_steps < 1:
+            return 0
+        if len(running) > self.config.max_num_batched_tokens:
+            return 0
+        remaining = max_steps
+        model_len = self.config.max_model_len
+        for req in running:
+            if req.seq_len - req.num_computed != 1 or req.num_output == 0:
+                return 0
+            left = min(req.max_tokens - req.num_output, model_len - req.seq_len)
+            remaining = min(remaining, left)
+        if remaining < 1 or self._admissible():
+            return 0
+        free = self.pool.num_free
+        if self._blocks_needed(1) > free:
+            return 0
+        lo, hi = 1, remaining
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_needed(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def decode_run_seconds(self, steps: int) -> float:
+        """Duration of the first ``steps`` steps of a decode run (pure arithmetic)."""
+        kv_now = sum(r.num_computed for r in self.running)
+        return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=kv_now)
+
+    def decode_run(self, steps: int) -> StepOutcome:
+        """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
+        duration = self.decode_run_seconds(steps)
+        need = self._blocks_needed(steps)
+        if not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
+            raise RuntimeError("decode_run asked for more steps than blocks allow")
+        bs = self._bs
+        finished: list[Request] = []
+        for req in self.running:
+            req.n_private += _ceil_div(req.num_computed + steps, bs) - req.held_blocks
+            req.num_computed += steps
+            req.num_output += steps
+            self._seal(req)
+            if self._done(req):
+                finished.append(req)
+        generated = steps * len(self.running)
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += steps
+        self.counters.busy_seconds += duration
+        return StepOutcome(duration, steps, finished, [], [], generated)
+
+    def _blocks_needed(self, steps: int) -> int:
+        bs = self._bs
+        return sum(_ceil_div(r.num_computed + steps, bs) - r.held_blocks for r in self.running)
+
+    def _admissible(self) -> bool:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        req = self.waiting[0]
+        bs = self._bs
+        hits = self.pool.count_hits(req.hashes, (req.seq_len - 1) // bs)
+        budget = self.config.max_num_batched_tokens - len(self.running)
+        if budget <= 0:
+            return False
+        n_new = min(req.seq_len - hits * bs, budget)
+        need = _ceil_div(hits * bs + n_new, bs) - hits
+        reclaimed = sum(1 for h in req.hashes[:hits] if not self.pool.is_held(h))
+        return need <= self.pool.num_free - reclaimed
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _seal(self, req: Request) -> None:
+        full = min(req.num_computed // self._bs, len(req.hashes))
+        pool = self.pool
+        while req.n_hashed < full:
+            pool.seal(req.hashes[req.n_hashed])
+            req.n_hashed += 1
+            req.n_private -= 1
+
+    def _done(self, req: Request) -> bool:
+        if req.num_output >= req.max_tokens:
+            req.finish_reason = "stop"
+            return True
+        if req.seq_len >= self.config.max_model_len:
+            req.finish_reason = "length"
+            return True
+        return False
+
+    def _finish(self, finished: list[Request]) -> None:
+        if not finished:
+            return
+        done = {id(r) for r in finished}
+        self.running = [r for r in self.running if id(r) not in done]
+        for req in finished:
+            self._free(req)
+            if req.finish_reason == "stop":
+                self.counters.finished_stop += 1
+            else:
+                self.counters.finished_length += 1
+
+    def _free(self, req: Request) -> None:
+        self.pool.release(req.hashes[: req.n_hashed], req.n_private)
+        req.n_hashed = req.n_private = 0
+
+    def _preempt(self, req: Request) -> None:
+        self._free(req)
+        req.num_computed = 0
+        req.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)

@@ -1,0 +1,206 @@
+"""The engine model pins vLLM's KV-cache and scheduler behaviours (DESIGN section 5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rolloutpool.engine.blocks import BlockPool
+from rolloutpool.engine.core import Engine, EngineConfig, Request
+from rolloutpool.engine.hashing import SegmentChain, hash_token_blocks
+
+BS = 16
+
+
+def _request(rid: int, tokens: list[int], max_tokens: int, out_seed: int = 10_000) -> Request:
+    """A request whose planned output tokens are deterministic, with hashes over prompt + output."""
+    output = [out_seed + rid * 100_000 + i for i in range(max_tokens)]
+    return Request(rid, prompt_len=len(tokens), max_tokens=max_tokens, hashes=hash_token_blocks(tokens + output, BS))
+
+
+def _run(engine: Engine, max_steps: int = 10_000) -> list[Request]:
+    done: list[Request] = []
+    for _ in range(max_steps):
+        if not engine.has_work:
+            break
+        done += engine.step().finished
+    return done
+
+
+def _engine(blocks: int, **kw) -> Engine:
+    return Engine(EngineConfig(num_gpu_blocks=blocks, block_size=BS, **kw))
+
+
+def test_prefix_hit_is_whole_blocks_of_prompt_minus_last_token() -> None:
+    engine = _engine(100)
+    prompt = list(range(100))
+    engine.add(_request(1, prompt, 5))
+    _run(engine)
+    engine.add(_request(2, [*prompt, 7, 7, 7], 5))
+    engine.step()
+    second = engine.running[0]
+    assert second.cached_tokens == 96  # (103 - 1) // 16 * 16
+    # a prompt of exactly two blocks can hit only one: the last token is always computed
+    engine2 = _engine(100)
+    engine2.add(_request(1, list(range(32)), 3))
+    _run(engine2)
+    engine2.add(_request(2, list(range(32)), 3))
+    engine2.step()
+    assert engine2.running[0].cached_tokens == 16
+
+
+def test_usage_does_not_count_cached_free_blocks() -> None:
+    engine = _engine(100)
+    prompt = list(range(160))
+    engine.add(_request(1, prompt, 4))
+    engine.step()
+    assert engine.pool.usage > 0
+    _run(engine)
+    assert engine.pool.usage == 0.0
+    assert all(engine.pool.is_cached(h) for h in hash_token_blocks(prompt, BS))
+    assert engine.counters.prefix_queries == engine.counters.prompt_tokens == 160
+
+
+def test_idle_prefix_survives_until_pressure_then_lru_evicts_oldest_first() -> None:
+    pool = BlockPool(21, BS)  # 20 usable blocks
+    a = hash_token_blocks(list(range(80)), BS)  # 5 blocks
+    b = hash_token_blocks(list(range(1000, 1080)), BS)  # 5 blocks
+    for hashes in (a, b):
+        assert pool.take_new(len(hashes))
+        for h in hashes:
+            pool.seal(h)
+    pool.release(a, 0)  # a finishes first
+    pool.release(b, 0)
+    assert pool.usage == 0.0
+    assert all(pool.is_cached(h) for h in a + b)
+    assert pool.take_new(10)  # the 10 never-used blocks go first
+    assert pool.evictions == 0
+    assert pool.take_new(1)  # pressure: a's tail goes first (released in reverse order)
+    assert pool.evictions == 1
+    assert not pool.is_cached(a[-1])
+    assert pool.is_cached(a[0])
+    assert all(pool.is_cached(h) for h in b)
+    assert pool.take_new(4)
+    assert not any(pool.is_cached(h) for h in a)
+    assert all(pool.is_cached(h) for h in b)
+    assert not pool.take_new(6)  # only b's five remain
+    assert pool.num_free == 5
+
+
+def test_shared_prefix_blocks_are_shared_not_copied() -> None:
+    engine = _engine(200)
+    prompt = list(range(320))  # 20 full blocks
+    engine.add(_request(1, prompt, 50))
+    engine.step()
+    used_one = engine.pool.num_used
+    engine.add(_request(2, [*prompt, 1], 50))
+    engine.step()
+    assert engine.running[1].cached_tokens == 320
+    assert engine.pool.num_used - used_one <= 3  # only its own tail, not 20 more blocks
+
+
+def test_decode_preempts_newest_and_admits_nothing_that_step() -> None:
+    engine = _engine(9, max_num_seqs=8)  # 8 usable blocks
+    engine.add(_request(1, list(range(40)), 60))  # 3 blocks now, grows
+    engine.add(_request(2, list(range(500, 540)), 60))
+    engine.step()  # both admitted: 6 blocks
+    engine.add(_request(3, list(range(900, 910)), 2))
+    preempted_seen = False
+    for _ in range(200):
+        out = engine.step()
+        if out.preempted:
+            preempted_seen = True
+            assert [r.rid for r in out.preempted] == [2]  # the newest running request
+            assert engine.waiting[0].rid == 2  # back at the head of the queue
+            assert all(r.rid != 3 for r in engine.running)  # nothing admitted in that step
+            break
+    assert preempted_seen
+    assert engine.counters.preemptions == 1
+    _run(engine)
+    assert engine.counters.finished_stop == 3
+
+
+def test_head_of_line_blocking() -> None:
+    engine = _engine(11)  # 10 usable blocks
+    engine.add(_request(1, list(range(100)), 100))  # 7 blocks, grows
+    engine.step()
+    engine.add(_request(2, list(range(2000, 2100)), 5))  # needs 7 blocks: cannot fit
+    engine.add(_request(3, [5, 6], 2))  # would fit, but waits behind the head
+    engine.step()
+    assert [r.rid for r in engine.waiting] == [2, 3]
+
+
+def test_max_num_seqs_and_chunked_prefill() -> None:
+    engine = _engine(4000, max_num_seqs=2, max_num_batched_tokens=8192)
+    engine.add(_request(1, list(range(20_000)), 50))
+    steps = 0
+    while not engine.running or engine.running[0].num_output == 0:
+        engine.step()
+        steps += 1
+    assert steps == math.ceil(20_000 / 8192)
+    for rid in (2, 3, 4):
+        engine.add(_request(rid, [rid] * 10, 50))
+    engine.step()
+    assert [r.rid for r in engine.running] == [1, 2]
+    assert [r.rid for r in engine.waiting] == [3, 4]
+
+
+def test_context_limit_finishes_with_length() -> None:
+    engine = _engine(100, max_model_len=64)
+    engine.add(_request(1, list(range(60)), 100))
+    done = _run(engine)
+    assert done[0].finish_reason == "length"
+    assert done[0].seq_len == 64
+
+
+def test_prompt_over_context_is_rejected() -> None:
+    engine = _engine(100, max_model_len=64)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add(_request(1, list(range(64)), 1))
+
+
+def test_decode_run_equals_single_steps() -> None:
+    def fresh() -> Engine:
+        e = _engine(300)
+        for rid in range(5):
+            e.add(_request(rid, list(range(rid * 1000, rid * 1000 + 50 + rid * 7)), 40 + 13 * rid))
+        e.step()  # prefill all
+        return e
+
+    stepped, batched = fresh(), fresh()
+    t_step = 0.0
+    k = batched.decode_run_length(10_000)
+    assert k == 39  # until the first request (rid 0: 40 tokens, 1 already sampled) finishes
+    for _ in range(k):
+        t_step += stepped.step().duration
+    out = batched.decode_run(k)
+    assert out.duration == pytest.approx(t_step, rel=1e-9)
+    assert [r.rid for r in out.finished] == [0]
+    assert batched.pool.num_used == stepped.pool.num_used
+    assert batched.counters.generation_tokens == stepped.counters.generation_tokens
+    assert [(r.num_computed, r.num_output, r.n_hashed) for r in batched.running] == [
+        (r.num_computed, r.num_output, r.n_hashed) for r in stepped.running
+    ]
+
+
+def test_decode_run_stops_before_block_shortage() -> None:
+    engine = _engine(12)  # 11 usable
+    engine.add(_request(1, list(range(30)), 500))
+    engine.add(_request(2, list(range(100, 130)), 500))
+    engine.step()
+    k = engine.decode_run_length(10_000)
+    assert engine.pool.num_free - engine._blocks_needed(k) >= 0
+    assert engine._blocks_needed(k + 1) > engine.pool.num_free
+
+
+def test_segment_chain_matches_token_hash_structure() -> None:
+    chain = SegmentChain(BS)
+    chain.extend(7, 40)
+    shared = chain.copy()
+    chain.extend(8, 30)
+    shared.extend(9, 30)
+    assert chain.hashes[:2] == shared.hashes[:2]  # the first two full blocks are segment 7 only
+    assert chain.hashes[2] != shared.hashes[2]  # block 3 mixes segment 7 with 8 vs 9
+    assert chain.length == 70
+    assert len(chain.hashes) == 4
