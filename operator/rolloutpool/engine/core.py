@@ -215,11 +215,11 @@ class Engine:
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
             hit_hashes = req.hashes[:hits]
-            reclaimed = sum(1 for h in hit_hashes if not self.pool.is_held(h))
-            if need > pool.num_free - reclaimed:
+            held = pool.count_held(hit_hashes, hits)
+            if need > pool.num_free - (hits - held):
                 break  # head-of-line blocking
             self.waiting.popleft()
-            pool.take_cached(hit_hashes)
+            pool.take_cached(hit_hashes, held)
             pool.take_new(need)
             req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
             self.counters.prefix_queries += total
@@ -337,8 +337,8 @@ class Engine:
             return False
         n_new = min(req.seq_len - hits * bs, budget)
         need = _ceil_div(hits * bs + n_new, bs) - hits
-        reclaimed = sum(1 for h in req.hashes[:hits] if not self.pool.is_held(h))
-        return need <= self.pool.num_free - reclaimed
+        held = self.pool.count_held(req.hashes, hits)
+        return need <= self.pool.num_free - (hits - held)
 
     # -- bookkeeping --------------------------------------------------------------------
 

@@ -55,14 +55,23 @@ class SegmentChain:
         """Append ``n_tokens`` tokens of segment ``segment_id``."""
         bs = self.block_size
         offset = 0
-        while offset < n_tokens:
-            take = min(bs - self._pending_len, n_tokens - offset)
-            self._pending.append((segment_id, offset, offset + take))
+        if self._pending_len:
+            take = min(bs - self._pending_len, n_tokens)
+            self._pending.append((segment_id, 0, take))
             self._pending_len += take
-            offset += take
+            offset = take
             if self._pending_len == bs:
                 self._parent = hash((self._parent, tuple(self._pending))) & MASK
                 self.hashes.append(self._parent)
                 self._pending = []
                 self._pending_len = 0
+        parent, hashes = self._parent, self.hashes
+        while n_tokens - offset >= bs:  # whole blocks inside this segment
+            parent = hash((parent, segment_id, offset)) & MASK
+            hashes.append(parent)
+            offset += bs
+        self._parent = parent
+        if offset < n_tokens:
+            self._pending = [(segment_id, offset, n_tokens)]
+            self._pending_len = n_tokens - offset
         self.length += n_tokens

@@ -1,0 +1,3 @@
+"""engine package."""
+
+__all__: list[str] = []
