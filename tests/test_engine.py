@@ -204,3 +204,41 @@ def test_segment_chain_matches_token_hash_structure() -> None:
     assert chain.hashes[2] != shared.hashes[2]  # block 3 mixes segment 7 with 8 vs 9
     assert chain.length == 70
     assert len(chain.hashes) == 4
+
+
+def test_binary_searched_hits_equal_a_linear_scan_under_churn() -> None:
+    """Residency stays prefix-closed along chains through admission, decode, preemption, eviction."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(3)
+    engine = _engine(60, max_num_seqs=6, max_num_batched_tokens=256)
+    chains: list[list[int]] = []
+    rid = 0
+    for _ in range(600):
+        if rng.random() < 0.3:
+            base = rng.choice(chains) if chains and rng.random() < 0.6 else []
+            shared = base[: rng.randint(0, min(len(base), 10))] if base else []
+            rid += 1
+            tokens = [rid * 7919 + i for i in range(rng.randint(5, 150))]
+            req = Request(rid, prompt_len=16 * len(shared) + len(tokens), max_tokens=rng.randint(1, 300), hashes=[])
+            req.hashes = shared + hash_token_blocks(tokens, BS, parent=shared[-1] if shared else 0)
+            if req.prompt_len < engine.config.max_model_len:
+                engine.add(req)
+                chains.append(req.hashes)
+        if engine.has_work:
+            engine.step()
+        for chain in rng.sample(chains, min(5, len(chains))):
+            linear = 0
+            for h in chain:
+                if not engine.pool.is_cached(h):
+                    break
+                linear += 1
+            assert engine.pool.count_hits(chain, len(chain)) == linear
+            held = 0
+            for h in chain:
+                if not engine.pool.is_held(h):
+                    break
+                held += 1
+            assert engine.pool.count_held(chain, len(chain)) == held
+    assert engine.counters.preemptions > 0  # the churn did exercise preemption
+    assert engine.pool.evictions > 0  # and eviction

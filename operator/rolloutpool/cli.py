@@ -142,6 +142,157 @@ def validate(manifest: TextIO) -> None:
         sys.exit(1)
 
 
+@main.command("engine-sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
+@click.option("--model", default="Qwen/Qwen3-8B", show_default=True, help="Served model name.")
+@click.option("--max-model-len", type=click.IntRange(min=16), default=32768, show_default=True)
+@click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
+@click.option("--num-gpu-blocks", type=click.IntRange(min=2), default=None, help="KV pool size (default: preset's).")
+@click.option("--kv-capacity-tokens", type=click.IntRange(min=32), default=None, help="KV pool size in tokens.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--time-scale", type=click.FloatRange(min=0.001), default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fault-latency-ms", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--fault-error-rate", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True)
+@click.option("--fault-hang-rate", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True)
+def engine_sim(
+    host: str,
+    port: int,
+    model: str,
+    max_model_len: int,
+    hardware: str,
+    num_gpu_blocks: int | None,
+    kv_capacity_tokens: int | None,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    time_scale: float,
+    seed: int,
+    fault_latency_ms: float,
+    fault_error_rate: float,
+    fault_hang_rate: float,
+) -> None:
+    """Serve a vLLM-compatible engine simulator (KV cache, scheduler, /metrics) on the CPU."""
+    from rolloutpool.engine.server import ServerConfig, run_server  # noqa: PLC0415
+
+    if kv_capacity_tokens is not None:
+        if num_gpu_blocks is not None:
+            raise click.UsageError("give --num-gpu-blocks or --kv-capacity-tokens, not both")
+        num_gpu_blocks = kv_capacity_tokens // 16
+    try:
+        config = ServerConfig(
+            host=host,
+            port=port,
+            model=model,
+            max_model_len=max_model_len,
+            hardware=hardware,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            time_scale=time_scale,
+            seed=seed,
+            added_latency_ms=fault_latency_ms,
+            error_rate=fault_error_rate,
+            hang_rate=fault_hang_rate,
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    run_server(config)
+
+
+@main.command()
+@click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
+@click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
+@click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=7200.0, show_default=True)
+@click.option(
+    "--load",
+    "loads",
+    type=click.FloatRange(min=0.01),
+    multiple=True,
+    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). Default: 1.5.",
+)
+@click.option("--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all.")
+@click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
+@click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+def simulate(
+    scenario_name: str,
+    replicas: int,
+    hardware: str,
+    duration_s: float,
+    loads: tuple[float, ...],
+    policies: tuple[str, ...],
+    residency: float,
+    headroom: float,
+    seed: int,
+    workers: int,
+    out_dir: Path,
+    no_plots: bool,
+) -> None:
+    """Simulate a fleet in virtual time under every placement policy, side by side."""
+    import time  # noqa: PLC0415
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
+    from rolloutpool.sim.fleet import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.report import ratios, results_json, results_table, write_plots  # noqa: PLC0415
+    from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.workload import scenario  # noqa: PLC0415
+
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    try:
+        chosen = scenario(scenario_name)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    base = FleetConfig(
+        scenario=chosen,
+        in_flight=1,
+        replicas=replicas,
+        hardware=hardware,
+        duration_s=duration_s,
+        seed=seed,
+        expected_residency=residency,
+        headroom=headroom,
+    )
+    jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    _console.print(
+        f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
+        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
+    )
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=_console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("simulating", total=len(jobs))
+
+        def done(job: object, result: object, wall: float) -> None:
+            progress.advance(task)
+            progress.console.log(
+                f"Finished {getattr(result, 'policy', '?')} at load {getattr(job, 'load', '?')}x in {wall:.1f}s"
+            )
+
+        runs = run_jobs(jobs, workers=workers, on_done=done)
+    wall = time.perf_counter() - started
+    _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
+    for load, r in ratios(runs).items():
+        _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
+            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
+    (out_dir / "results.json").write_text(results_json(runs, meta))
+    written = [] if no_plots else write_plots(runs, out_dir)
+    _console.print(f"Wrote {out_dir / 'results.json'}" + "".join(f", {p}" for p in written))
+
+
 @main.group()
 def localcluster() -> None:
     """A real Kubernetes control plane (etcd, kube-apiserver, controller-manager) on loopback."""

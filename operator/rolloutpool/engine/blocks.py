@@ -173,6 +173,6 @@ class BlockPool:
         gen = self._gen
         self._free.update(dict.fromkeys(keys, gen))
         self._order.extend(zip(keys, repeat(gen)))
-        if len(self._order) > 4 * len(self._free) + 4096:  # drop stale entries, keep order
+        if len(self._order) > 2 * self.capacity + 4096:  # drop stale entries (amortised O(1)), keep order
             free = self._free
             self._order = deque(e for e in self._order if free.get(e[0]) == e[1])

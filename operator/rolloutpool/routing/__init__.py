@@ -1,0 +1,3 @@
+"""routing package."""
+
+__all__: list[str] = []

@@ -1,0 +1,145 @@
+"""The session table: which replica holds which live session, and per-replica limits (pure).
+
+A session is live from its first placement until it is released (explicitly, or by
+idle expiry). Live counts are derived from the table itself, so they can never go
+negative or drift from the sessions actually held.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+__all__ = ["ReplicaState", "Session", "SessionTable"]
+
+
+@dataclass
+class ReplicaState:
+    """What placement knows about one replica."""
+
+    name: str
+    cap: int | None = None
+    """Live-session cap; None means unlimited."""
+    quarantined: bool = False
+    """Receives no new sessions."""
+    ready: bool = True
+    """Serving; an unready replica receives nothing."""
+    draining: bool = False
+    """Being removed: keeps its sessions, receives no new ones."""
+    kv_capacity_tokens: int | None = None
+    """KV capacity, for policies that pack by tokens."""
+    inflight: int = 0
+    """Requests currently being served (for request-level policies)."""
+    sessions: set[str] = field(default_factory=set)
+    """Live sessions held."""
+
+    @property
+    def live(self) -> int:
+        """Live sessions held."""
+        return len(self.sessions)
+
+    def accepts_new(self) -> bool:
+        """Whether a new session may be placed here under the cap."""
+        if not self.ready or self.draining or self.quarantined:
+            return False
+        return self.cap is None or self.live < self.cap
+
+
+@dataclass
+class Session:
+    """One live session."""
+
+    session_id: str
+    replica: str
+    group: str | None
+    last_seen: float
+    context_tokens: int = 0
+    """Prompt + output tokens of its last completed turn (to spot re-prefill)."""
+    projected_tokens: int = 0
+    """Largest context it will reach, if known (clairvoyant placement)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of its first turn, if known."""
+
+
+class SessionTable:
+    """Sessions and replicas; every mutation keeps counts exact."""
+
+    def __init__(self) -> None:
+        self.replicas: OrderedDict[str, ReplicaState] = OrderedDict()
+        self.sessions: dict[str, Session] = {}
+        self._groups: dict[str, dict[str, int]] = {}
+
+    def add_replica(self, name: str, **fields: object) -> ReplicaState:
+        """Add (or return) a replica."""
+        if name not in self.replicas:
+            self.replicas[name] = ReplicaState(name=name, **fields)  # type: ignore[arg-type]
+        return self.replicas[name]
+
+    def remove_replica(self, name: str) -> list[str]:
+        """Drop a replica; its sessions are released and returned (re-placed on their next turn)."""
+        state = self.replicas.pop(name, None)
+        if state is None:
+            return []
+        lost = sorted(state.sessions)
+        for sid in lost:
+            self._ungroup(self.sessions.pop(sid))
+        return lost
+
+    def lookup(self, session_id: str) -> Session | None:
+        """The live session, or None."""
+        return self.sessions.get(session_id)
+
+    def bind(
+        self,
+        session_id: str,
+        replica: str,
+        *,
+        now: float,
+        group: str | None = None,
+        projected_tokens: int = 0,
+        prompt_tokens: int = 0,
+    ) -> Session:
+        """Make ``session_id`` live on ``replica`` (moving it if it was elsewhere)."""
+        self.release(session_id)
+        session = Session(
+            session_id, replica, group, now, projected_tokens=projected_tokens, prompt_tokens=prompt_tokens
+        )
+        self.sessions[session_id] = session
+        self.replicas[replica].sessions.add(session_id)
+        if group is not None:
+            members = self._groups.setdefault(group, {})
+            members[replica] = members.get(replica, 0) + 1
+        return session
+
+    def release(self, session_id: str) -> Session | None:
+        """End a session; returns it, or None when unknown (never a negative count)."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            state = self.replicas.get(session.replica)
+            if state is not None:
+                state.sessions.discard(session_id)
+            self._ungroup(session)
+        return session
+
+    def _ungroup(self, session: Session) -> None:
+        if session.group is None:
+            return
+        members = self._groups.get(session.group, {})
+        count = members.get(session.replica, 0) - 1
+        if count > 0:
+            members[session.replica] = count
+        else:
+            members.pop(session.replica, None)
+            if not members:
+                self._groups.pop(session.group, None)
+
+    def expire(self, *, now: float, idle_timeout: float) -> list[Session]:
+        """Release sessions idle longer than ``idle_timeout``; returns them."""
+        stale = [s for s in self.sessions.values() if now - s.last_seen > idle_timeout]
+        for session in stale:
+            self.release(session.session_id)
+        return stale
+
+    def group_replicas(self, group: str) -> dict[str, int]:
+        """Live members of ``group`` per replica."""
+        return dict(self._groups.get(group, {}))

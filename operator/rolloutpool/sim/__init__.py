@@ -1,0 +1,3 @@
+"""sim package."""
+
+__all__: list[str] = []

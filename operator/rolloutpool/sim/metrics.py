@@ -1,0 +1,107 @@
+"""What a simulated run measured, and how it is summarised (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rolloutpool.engine.core import Engine
+
+if TYPE_CHECKING:
+    from rolloutpool.sim.fleet import FleetConfig
+
+__all__ = ["RunResult", "Sample", "summarize"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One replica at one sampling instant."""
+
+    t: float
+    replica: str
+    live: int
+    hit_ratio: float | None
+    usage: float
+    quarantined: bool
+    queued: int
+
+
+@dataclass
+class RunResult:
+    """The measured figures of one policy at one offered load."""
+
+    policy: str
+    scenario: str
+    in_flight: int
+    replicas: int
+    duration_s: float
+    cap: int | None
+    generated_tokens: int
+    tokens_per_s: float
+    completed: int
+    completed_per_hour: float
+    reprefilled_tokens: int
+    evicted_reprefill_tokens: int
+    preemptions: int
+    prefix_hit_ratio: float
+    p50_trajectory_s: float | None
+    p90_trajectory_s: float | None
+    max_live_per_replica: int
+    mean_live_per_replica: float
+    quarantines: int
+    samples: list[Sample] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict[str, Any]:
+        """The figures without the time series (for tables and JSON)."""
+        data = asdict(self)
+        data.pop("samples")
+        return data
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(
+    *,
+    policy: str,
+    config: FleetConfig,
+    engines: list[Engine],
+    completed_times: list[float],
+    reprefilled: int,
+    evicted_reprefill: int,
+    quarantines: int,
+    samples: list[Sample],
+    cap: int | None,
+) -> RunResult:
+    """Fold engine counters and router observations into one result (pure)."""
+    generated = sum(e.counters.generation_tokens for e in engines)
+    queries = sum(e.counters.prefix_queries for e in engines)
+    hits = sum(e.counters.prefix_hits for e in engines)
+    lives = [s.live for s in samples]
+    hours = config.duration_s / 3600
+    return RunResult(
+        policy=policy,
+        scenario=config.scenario.name,
+        in_flight=config.in_flight,
+        replicas=config.replicas,
+        duration_s=config.duration_s,
+        cap=cap,
+        generated_tokens=generated,
+        tokens_per_s=generated / config.duration_s,
+        completed=len(completed_times),
+        completed_per_hour=len(completed_times) / hours,
+        reprefilled_tokens=reprefilled,
+        evicted_reprefill_tokens=evicted_reprefill,
+        preemptions=sum(e.counters.preemptions for e in engines),
+        prefix_hit_ratio=hits / queries if queries else 0.0,
+        p50_trajectory_s=_pct(completed_times, 50),
+        p90_trajectory_s=_pct(completed_times, 90),
+        max_live_per_replica=max(lives, default=0),
+        mean_live_per_replica=float(np.mean(lives)) if lives else 0.0,
+        quarantines=quarantines,
+        samples=samples,
+    )

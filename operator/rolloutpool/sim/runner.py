@@ -1,0 +1,72 @@
+"""Run many (load, policy) simulations, in parallel processes, with progress callbacks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+
+from rolloutpool.capacity import conservative_cap
+from rolloutpool.engine.cost import hardware_preset
+from rolloutpool.sim.fleet import FleetConfig, simulate_policy
+from rolloutpool.sim.metrics import RunResult
+
+__all__ = ["Job", "fleet_floor", "plan_jobs", "run_jobs"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One simulation to run."""
+
+    load: float
+    policy: str
+    config: FleetConfig
+
+
+def fleet_floor(config: FleetConfig) -> int:
+    """The fleet's conservative capacity: replicas x (KV tokens // maxModelLen)."""
+    blocks = config.num_gpu_blocks or hardware_preset(config.hardware).num_gpu_blocks
+    per_replica = conservative_cap(capacity_tokens=blocks * 16, max_model_len=config.scenario.max_model_len)
+    return per_replica * config.replicas
+
+
+def plan_jobs(base: FleetConfig, loads: Iterable[float], policies: Iterable[str]) -> list[Job]:
+    """One job per (load, policy); load is a multiple of the fleet's conservative capacity."""
+    floor = fleet_floor(base)
+    return [
+        Job(load, policy, replace(base, in_flight=max(1, round(load * floor)))) for load in loads for policy in policies
+    ]
+
+
+def _run(job: Job) -> tuple[Job, RunResult, float]:
+    started = time.perf_counter()
+    result = simulate_policy(job.config, job.policy)
+    return job, result, time.perf_counter() - started
+
+
+def run_jobs(
+    jobs: list[Job], *, workers: int, on_done: Callable[[Job, RunResult, float], None] | None = None
+) -> list[tuple[Job, RunResult, float]]:
+    """Run every job (``workers`` processes; 1 runs inline); results keep the job order."""
+    results: dict[int, tuple[Job, RunResult, float]] = {}
+    if workers <= 1:
+        for i, job in enumerate(jobs):
+            results[i] = _run(job)
+            if on_done:
+                on_done(*results[i])
+    else:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            pending: dict[Future[tuple[Job, RunResult, float]], int] = {
+                pool.submit(_run, job): i for i, job in enumerate(jobs)
+            }
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    results[i] = future.result()
+                    if on_done:
+                        on_done(*results[i])
+    return [results[i] for i in range(len(jobs))]

@@ -1,0 +1,172 @@
+"""The rollout workload shared by ``simulate`` and ``bench`` (DESIGN section 6), seeded.
+
+Agentic GRPO, fully asynchronous: the trainer keeps ``in_flight`` trajectories going
+and starts a new one when one finishes. Consecutive trajectories form groups of
+``group_size`` sharing one prompt. Each turn the model generates an action, then the
+environment answers after a tool latency with an observation appended to the
+context. A trajectory ends after its drawn number of turns or at ``max_model_len``.
+
+Every trajectory is drawn up front from its own generator seeded by
+``(seed, index)``, so every policy sees exactly the same trajectories in the same
+order, and the clairvoyant reference can read a trajectory's future.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = [
+    "SCENARIOS",
+    "Lognormal",
+    "Scenario",
+    "Trajectory",
+    "TrajectorySource",
+    "scenario",
+]
+
+_Z90 = 1.2815515655446004  # standard normal 90th percentile
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    """A lognormal distribution given by its median and 90th percentile."""
+
+    median: float
+    p90: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.median <= self.p90:
+            raise ValueError(f"need 0 < median <= p90, got median={self.median} p90={self.p90}")
+
+    @property
+    def sigma(self) -> float:
+        """Standard deviation of the underlying normal."""
+        return math.log(self.p90 / self.median) / _Z90
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """``size`` samples."""
+        return np.asarray(rng.lognormal(math.log(self.median), self.sigma, size))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Every knob of the workload."""
+
+    name: str
+    description: str
+    group_size: int = 16
+    prompt_tokens: Lognormal = field(default_factory=lambda: Lognormal(2000, 2600))
+    action_tokens: Lognormal = field(default_factory=lambda: Lognormal(300, 900))
+    observation_tokens: Lognormal = field(default_factory=lambda: Lognormal(800, 2400))
+    tool_latency_s: Lognormal = field(default_factory=lambda: Lognormal(2.0, 15.0))
+    turns: Lognormal = field(default_factory=lambda: Lognormal(20, 50))
+    max_model_len: int = 32768
+
+    def with_(self, **changes: object) -> Scenario:
+        """A copy with some knobs changed."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="agentic-grpo",
+            description="Agentic GRPO: groups of 16, ~2k prompt, ~20 turns, 300-token actions, 800-token observations",
+        ),
+        Scenario(
+            name="tool-chat",
+            description="Short-horizon tool-use chat: ~5 turns, short actions and observations",
+            group_size=8,
+            prompt_tokens=Lognormal(1000, 1500),
+            action_tokens=Lognormal(200, 500),
+            observation_tokens=Lognormal(300, 900),
+            tool_latency_s=Lognormal(0.5, 3.0),
+            turns=Lognormal(5, 9),
+        ),
+        Scenario(
+            name="high-pressure",
+            description="Long-horizon coding agent: ~30 turns (p90 56), larger observations, contexts reach the limit",
+            prompt_tokens=Lognormal(3000, 4000),
+            observation_tokens=Lognormal(1200, 3500),
+            turns=Lognormal(29, 56),
+        ),
+    )
+}
+
+
+def scenario(name: str) -> Scenario:
+    """Look up a named scenario; ``ValueError`` lists the names."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose from {sorted(SCENARIOS)}") from None
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One rollout, drawn in full before it starts."""
+
+    index: int
+    group: int
+    prompt_tokens: int
+    actions: tuple[int, ...]
+    observations: tuple[int, ...]
+    tool_latencies: tuple[float, ...]
+
+    @property
+    def turns(self) -> int:
+        """Planned turns (the context limit may end it earlier)."""
+        return len(self.actions)
+
+    def final_context(self, max_model_len: int) -> int:
+        """Tokens resident at its largest (the clairvoyant reference reads this)."""
+        ctx = self.prompt_tokens
+        for turn, action in enumerate(self.actions):
+            if ctx >= max_model_len - 1:
+                return max_model_len
+            ctx += min(action, max_model_len - ctx)
+            if turn + 1 < self.turns:
+                if ctx + self.observations[turn] >= max_model_len - 1:
+                    return ctx
+                ctx += self.observations[turn]
+        return min(ctx, max_model_len)
+
+
+class TrajectorySource:
+    """Yields trajectories in start order; index ``i`` is the same in every run."""
+
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self._next = 0
+        self._group_prompt: dict[int, int] = {}
+
+    def _group_prompt_tokens(self, group: int) -> int:
+        if group not in self._group_prompt:
+            rng = np.random.default_rng([self.seed, 1, group])
+            self._group_prompt[group] = max(1, round(float(self.scenario.prompt_tokens.draw(rng, 1)[0])))
+        return self._group_prompt[group]
+
+    def next(self) -> Trajectory:
+        """The next trajectory to start."""
+        index = self._next
+        self._next += 1
+        group = index // self.scenario.group_size
+        s = self.scenario
+        rng = np.random.default_rng([self.seed, 2, index])
+        turns = max(1, round(float(s.turns.draw(rng, 1)[0])))
+        actions = tuple(max(1, round(x)) for x in s.action_tokens.draw(rng, turns))
+        observations = tuple(max(1, round(x)) for x in s.observation_tokens.draw(rng, turns))
+        latencies = tuple(float(x) for x in s.tool_latency_s.draw(rng, turns))
+        return Trajectory(
+            index=index,
+            group=group,
+            prompt_tokens=self._group_prompt_tokens(group),
+            actions=actions,
+            observations=observations,
+            tool_latencies=latencies,
+        )

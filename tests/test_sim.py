@@ -1,0 +1,80 @@
+"""Workload generator and fleet simulator: determinism, invariants, and the known effects."""
+
+from __future__ import annotations
+
+import pytest
+
+from rolloutpool.routing.policies import POLICIES
+from rolloutpool.sim.fleet import FleetConfig, simulate_policy
+from rolloutpool.sim.runner import fleet_floor, plan_jobs
+from rolloutpool.sim.workload import SCENARIOS, Lognormal, TrajectorySource, scenario
+
+
+def test_lognormal_matches_its_median_and_p90() -> None:
+    import numpy as np  # noqa: PLC0415
+
+    dist = Lognormal(2.0, 15.0)
+    draws = dist.draw(np.random.default_rng(1), 200_000)
+    assert np.median(draws) == pytest.approx(2.0, rel=0.02)
+    assert np.percentile(draws, 90) == pytest.approx(15.0, rel=0.03)
+    with pytest.raises(ValueError, match="median"):
+        Lognormal(5, 1)
+
+
+def test_trajectories_are_seeded_and_grouped() -> None:
+    s = scenario("agentic-grpo")
+    a, b = TrajectorySource(s, 7), TrajectorySource(s, 7)
+    first = [a.next() for _ in range(40)]
+    assert first == [b.next() for _ in range(40)]
+    assert first != [TrajectorySource(s, 8).next() for _ in range(40)]
+    assert {t.group for t in first[:16]} == {0}
+    assert len({t.prompt_tokens for t in first[:16]}) == 1  # a group shares its prompt
+    assert all(t.final_context(s.max_model_len) <= s.max_model_len for t in first)
+
+
+def test_named_scenarios_and_unknown_name() -> None:
+    assert {"agentic-grpo", "tool-chat", "high-pressure"} <= set(SCENARIOS)
+    with pytest.raises(ValueError, match="unknown scenario"):
+        scenario("nope")
+
+
+def _small(in_flight: int, **kw) -> FleetConfig:
+    return FleetConfig(
+        scenario=scenario("tool-chat"), in_flight=in_flight, replicas=2, num_gpu_blocks=4000,
+        duration_s=300, sample_interval_s=10, **kw,
+    )  # fmt: skip
+
+
+def test_every_policy_runs_and_is_deterministic() -> None:
+    config = _small(12)
+    for policy in POLICIES:
+        first = simulate_policy(config, policy)
+        assert first.generated_tokens > 0
+        assert first.completed > 0
+        assert first.row() == simulate_policy(config, policy).row()
+
+
+def test_caps_bound_live_sessions_and_residency_one_never_evicts() -> None:
+    config = _small(40, expected_residency=1.0, headroom=0.0)
+    result = simulate_policy(config, "rolloutpool")
+    floor = fleet_floor(config) // config.replicas
+    assert result.cap == floor
+    assert result.max_live_per_replica <= floor
+    assert result.evicted_reprefill_tokens == 0
+    assert result.preemptions == 0
+
+
+def test_uncapped_hashing_overloads_a_replica_where_ours_does_not() -> None:
+    config = _small(40)
+    ours = simulate_policy(config, "rolloutpool")
+    hashed = simulate_policy(config, "consistent-hash")
+    assert ours.max_live_per_replica <= (ours.cap or 0)
+    assert hashed.max_live_per_replica > ours.max_live_per_replica
+    assert hashed.reprefilled_tokens > ours.reprefilled_tokens
+
+
+def test_plan_jobs_scales_in_flight_with_the_floor() -> None:
+    base = _small(1)
+    jobs = plan_jobs(base, [0.5, 2.0], ["rolloutpool"])
+    floor = fleet_floor(base)
+    assert [j.config.in_flight for j in jobs] == [round(0.5 * floor), 2 * floor]
