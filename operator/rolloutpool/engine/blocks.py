@@ -8,6 +8,12 @@ preempted request's blocks are appended in reverse order, so its tail is evicted
 before its head (as vLLM's ``free_blocks`` does). Cached-but-free blocks count as
 free in :attr:`usage`, exactly as ``vllm:kv_cache_usage_perc`` counts them.
 
+The queue is stored as *runs*: one release appends one run (the blocks it freed, in
+eviction order) and uncached free blocks are runs of a count. Taking a cached block
+back removes it from its run's live count, so a run reclaimed whole (a rollout's
+context between two turns) costs nothing at eviction time. Per-block work happens in
+C (dict and map built-ins); the order of eviction is exactly block by block.
+
 One simplification, documented: when a request fills a block whose hash is already
 cached, vLLM keeps both physical copies until one is freed; here the request adopts
 the cached block and returns its private copy at once. Both give the same hits.
@@ -15,10 +21,22 @@ the cached block and returns its private copy at once. Both give the same hits.
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
+from collections import Counter, deque
 
 __all__ = ["BlockPool"]
+
+
+class _Run:
+    """Blocks freed together: ``hashes[lo:hi]`` evicted from ``hi - 1`` down, or ``count`` uncached blocks."""
+
+    __slots__ = ("count", "hashes", "hi", "live", "lo")
+
+    def __init__(self, hashes: list[int] | None, lo: int, hi: int, count: int = 0) -> None:
+        self.hashes = hashes
+        self.lo = lo
+        self.hi = hi
+        self.count = count
+        self.live = hi - lo if hashes is not None else count
 
 
 class BlockPool:
@@ -30,14 +48,9 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.block_size = block_size
         self.capacity = num_gpu_blocks - 1
-        # The free queue: ``_order`` holds (key, generation) in free order, ``_free`` maps each
-        # key now free to the generation it was freed in; an entry of ``_order`` whose
-        # generation differs is stale (the block was taken since) and is skipped.
-        # key: a chain hash (>= 0, cached) or a unique negative id (uncached)
-        self._gen = 0
-        self._free: dict[int, int] = dict.fromkeys(range(-1, -self.capacity - 1, -1), 0)
-        self._order: deque[tuple[int, int]] = deque(zip(self._free, repeat(0)))
-        self._next_uncached = -(self.capacity + 1)
+        self._order: deque[_Run] = deque([_Run(None, 0, 0, count=self.capacity)])
+        self._free: dict[int, _Run] = {}  # cached free block -> the run it sits in
+        self._uncached = self.capacity
         self._ref: dict[int, int] = {}
         self.evictions = 0
         """Cached blocks whose hash was evicted to make room (cumulative)."""
@@ -47,12 +60,12 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks a request could take now (uncached or cached-but-unreferenced)."""
-        return len(self._free)
+        return self._uncached + len(self._free)
 
     @property
     def num_used(self) -> int:
         """Blocks held by requests."""
-        return self.capacity - len(self._free)
+        return self.capacity - self.num_free
 
     @property
     def usage(self) -> float:
@@ -98,31 +111,54 @@ class BlockPool:
                 hi = mid - 1
         return lo
 
+    # -- mutation ---------------------------------------------------------------------
+
     def take_cached(self, hashes: list[int], held: int | None = None) -> None:
         """Reference resident blocks that :meth:`count_hits` found; ``held`` of them are held already."""
         if held is None:
             held = self.count_held(hashes, len(hashes))
-        ref, free = self._ref, self._free
+        ref = self._ref
         if held:
             ref.update({h: ref[h] + 1 for h in hashes[:held]})
         reclaimed = hashes[held:]
-        for h in reclaimed:
-            del free[h]
-        ref.update(dict.fromkeys(reclaimed, 1))
+        if reclaimed:
+            free = self._free
+            run = free[reclaimed[0]]
+            if run.live == len(reclaimed) and free[reclaimed[-1]] is run:
+                # a whole run taken back (a rollout's context between turns): the run's
+                # live blocks are exactly these, since they are its only free blocks
+                deque(map(free.pop, reclaimed), maxlen=0)
+                run.live = 0
+            else:
+                for owner, n in Counter(map(free.pop, reclaimed)).items():
+                    owner.live -= n
+            ref.update(dict.fromkeys(reclaimed, 1))
 
     def take_new(self, n: int) -> bool:
         """Take ``n`` private (unhashed) blocks, evicting LRU cached blocks; False if too few."""
-        if n > len(self._free):
+        if n > self.num_free:
             return False
-        free, order = self._free, self._order
-        taken = 0
-        while taken < n:
-            key, gen = order.popleft()
-            if free.get(key) == gen:
-                del free[key]
-                taken += 1
-                if key >= 0:
-                    self.evictions += 1
+        order, free = self._order, self._free
+        while n:
+            run = order[0]
+            if run.hashes is None:
+                take = min(n, run.count)
+                run.count -= take
+                self._uncached -= take
+                n -= take
+                if run.count == 0:
+                    order.popleft()
+                continue
+            if run.live == 0:
+                order.popleft()
+                continue
+            run.hi -= 1
+            h = run.hashes[run.hi]
+            if free.get(h) is run:
+                del free[h]
+                run.live -= 1
+                self.evictions += 1
+                n -= 1
         return True
 
     def seal(self, block_hash: int) -> None:
@@ -131,7 +167,7 @@ class BlockPool:
             self._ref[block_hash] += 1
             self._return_uncached(1)
         elif block_hash in self._free:
-            del self._free[block_hash]  # its queue entry goes stale
+            self._free.pop(block_hash).live -= 1
             self._ref[block_hash] = 1
             self._return_uncached(1)
         else:
@@ -156,23 +192,13 @@ class BlockPool:
                 hi = mid
         if lo:
             ref.update({h: ref[h] - 1 for h in hashes[:lo]})
-        freed = hashes[lo:]
-        for h in freed:
-            del ref[h]
-        self._push_free(freed[::-1])
+        if lo < len(hashes):
+            deque(map(ref.pop, hashes[lo:]), maxlen=0)  # delete in C
+            run = _Run(hashes, lo, len(hashes))
+            self._free.update(dict.fromkeys(hashes[lo:], run))
+            self._order.append(run)
 
     def _return_uncached(self, n: int) -> None:
         if n:
-            start = self._next_uncached
-            self._push_free(range(start, start - n, -1))
-            self._next_uncached = start - n
-
-    def _push_free(self, keys: list[int] | range) -> None:
-        """Append keys to the free queue in order, as one generation."""
-        self._gen += 1
-        gen = self._gen
-        self._free.update(dict.fromkeys(keys, gen))
-        self._order.extend(zip(keys, repeat(gen)))
-        if len(self._order) > 2 * self.capacity + 4096:  # drop stale entries (amortised O(1)), keep order
-            free = self._free
-            self._order = deque(e for e in self._order if free.get(e[0]) == e[1])
+            self._uncached += n
+            self._order.append(_Run(None, 0, 0, count=n))
