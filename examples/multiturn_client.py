@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-_WORDS = "ls cat grep pytest diff patch build error warning passed failed module import line".split()
+_WORDS = ["ls", "cat", "grep", "pytest", "diff", "patch", "build", "error", "warning", "passed", "failed", "line"]
 
 
 def _observation(session: int, turn: int, words: int) -> str:
