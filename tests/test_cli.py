@@ -72,3 +72,61 @@ def test_validate_accepts_examples_and_rejects_invalid(tmp_path) -> None:
     bad = CliRunner().invoke(main, ["validate", str(bad_file)])
     assert bad.exit_code == 1
     assert "spec.replicas" in bad.output
+
+
+def test_engine_sim_command_serves_until_terminated(tmp_path) -> None:
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutpool.cli", "engine-sim", "--port", str(port), "--kv-capacity-tokens", "65536"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    metrics = resp.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "engine-sim did not start"
+                time.sleep(0.2)
+        assert 'num_gpu_blocks="4096"' in metrics
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_engine_sim_rejects_conflicting_sizes() -> None:
+    result = CliRunner().invoke(main, ["engine-sim", "--num-gpu-blocks", "10", "--kv-capacity-tokens", "100"])
+    assert result.exit_code == 2
+    assert "not both" in result.output
+
+
+def test_simulate_rejects_unknown_policy_and_scenario() -> None:
+    assert "unknown policy" in CliRunner().invoke(main, ["simulate", "--policy", "random"]).output
+    assert "unknown scenario" in CliRunner().invoke(main, ["simulate", "--scenario", "x"]).output
+
+
+def test_simulate_small_run_writes_json_and_plots(tmp_path) -> None:
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(
+        main,
+        ["simulate", "--scenario", "tool-chat", "--replicas", "2", "--duration", "120", "--load", "1",
+         "--policy", "rolloutpool", "--policy", "consistent-hash", "--workers", "1", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert {r["policy"] for r in data["runs"]} == {"rolloutpool", "consistent-hash"}
+    assert "consistent-hash" in data["ratios"]["1.0"]
+    assert (out / "throughput_vs_load.png").stat().st_size > 1000
+    assert (out / "replicas_over_time.png").stat().st_size > 1000
