@@ -241,7 +241,13 @@ def simulate(
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
     from rolloutpool.sim.fleet import FleetConfig  # noqa: PLC0415
-    from rolloutpool.sim.report import ratios, results_json, results_table, write_plots  # noqa: PLC0415
+    from rolloutpool.sim.report import (  # noqa: PLC0415
+        markdown_from_json,
+        ratios,
+        results_json,
+        results_table,
+        write_plots,
+    )
     from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
@@ -288,9 +294,11 @@ def simulate(
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
             "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
-    (out_dir / "results.json").write_text(results_json(runs, meta))
+    text = results_json(runs, meta)
+    (out_dir / "results.json").write_text(text)
+    (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))
     written = [] if no_plots else write_plots(runs, out_dir)
-    _console.print(f"Wrote {out_dir / 'results.json'}" + "".join(f", {p}" for p in written))
+    _console.print(f"Wrote {out_dir / 'results.json'}, {out_dir / 'results.md'}" + "".join(f", {p}" for p in written))
 
 
 @main.group()

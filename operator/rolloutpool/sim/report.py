@@ -16,7 +16,7 @@ from rich.table import Table
 from rolloutpool.sim.metrics import RunResult
 from rolloutpool.sim.runner import Job
 
-__all__ = ["ratios", "results_json", "results_table", "write_plots"]
+__all__ = ["markdown_from_json", "ratios", "results_json", "results_table", "write_plots"]
 
 _OURS = "rolloutpool"
 _RATIO_PEERS = ("consistent-hash", "sticky-least-loaded", "clairvoyant")
@@ -83,6 +83,30 @@ def results_json(runs: list[tuple[Job, RunResult, float]], meta: dict[str, Any])
         },
         indent=2,
     )
+
+
+def markdown_from_json(data: dict[str, Any]) -> str:
+    """A Markdown table of a ``results.json`` (for docs/benchmarks.md)."""
+    lines = [
+        "| load | in-flight | policy | cap | gen tok/s | traj/h | re-prefill Mtok | evicted Mtok | preempt "
+        "| hit % | p50 s | p90 s | live max/mean | quarantines |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["runs"]:
+        lines.append(
+            f"| {r['load']:g}x | {r['in_flight']} | {r['policy']} | {r['cap'] if r['cap'] is not None else '-'} "
+            f"| {r['tokens_per_s']:,.0f} | {r['completed_per_hour']:,.0f} | {r['reprefilled_tokens'] / 1e6:.2f} "
+            f"| {r['evicted_reprefill_tokens'] / 1e6:.2f} | {r['preemptions']} | {100 * r['prefix_hit_ratio']:.1f} "
+            f"| {_fmt(r['p50_trajectory_s'])} | {_fmt(r['p90_trajectory_s'])} "
+            f"| {r['max_live_per_replica']}/{r['mean_live_per_replica']:.1f} | {r['quarantines']} |"
+        )
+    peers = sorted({p for v in data["ratios"].values() for p in v})
+    if peers:
+        lines += ["", "| load | " + " | ".join(f"ours / {p}" for p in peers) + " |", "|---:|" + "---:|" * len(peers)]
+        for load, values in data["ratios"].items():
+            cells = " | ".join(f"{values[p]:.3f}" if p in values else "-" for p in peers)
+            lines.append(f"| {float(load):g}x | {cells} |")
+    return "\n".join(lines) + "\n"
 
 
 def write_plots(runs: list[tuple[Job, RunResult, float]], out_dir: Path) -> list[Path]:
