@@ -201,6 +201,68 @@ def engine_sim(
     run_server(config)
 
 
+@main.command("router")
+@click.option("--replica", "replicas", multiple=True, required=True, help="name=url of an engine (repeatable).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None, help="Derive caps from KV capacity.")
+@click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
+@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
+@click.option("--cap-ceiling", type=click.IntRange(min=0), default=None)
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
+@click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
+@click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
+@click.option("--scrape-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
+@click.option("--upstream-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True)
+@click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def router_command(
+    replicas: tuple[str, ...],
+    host: str,
+    port: int,
+    cap: int | None,
+    max_model_len: int | None,
+    residency: float,
+    headroom: float,
+    cap_ceiling: int | None,
+    idle_timeout: float,
+    queue_max: int,
+    queue_timeout: float,
+    scrape_interval: float,
+    upstream_timeout: float,
+    admin_token_file: Path | None,
+    state_path: Path | None,
+) -> None:
+    """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
+    import logging  # noqa: PLC0415
+
+    from rolloutpool.router import RouterConfig, parse_replica, run_router  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = RouterConfig(
+            replicas=tuple(parse_replica(r) for r in replicas),
+            host=host,
+            port=port,
+            cap=cap,
+            max_model_len=max_model_len,
+            expected_residency=residency,
+            headroom=headroom,
+            cap_ceiling=cap_ceiling,
+            idle_timeout_s=idle_timeout,
+            queue_max=queue_max,
+            queue_timeout_s=queue_timeout,
+            scrape_interval_s=scrape_interval,
+            upstream_timeout_s=upstream_timeout,
+            state_path=state_path,
+            admin_token=admin_token_file.read_text().strip() if admin_token_file else None,
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    run_router(config)
+
+
 @main.command()
 @click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)

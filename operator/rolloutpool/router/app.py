@@ -1,0 +1,207 @@
+"""The router application: routes, middleware, background loops and their lifecycle.
+
+Startup (inside the event loop): build the upstream client, load the session
+snapshot, scrape every replica once (caps and readiness before the first request),
+then start the scrape loop, the idle-expiry loop and the snapshot writer.
+
+Shutdown follows uvicorn's order, which aiohttp's runner implements: stop
+accepting, refuse new placements and fail queued sessions (503), let in-flight
+requests finish for ``shutdown_timeout_s``, cancel the rest; then cancel the
+background loops, write the final snapshot and close the upstream client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from rolloutpool.router.admin import AdminAPI
+from rolloutpool.router.api import SessionAPI
+from rolloutpool.router.config import RouterConfig
+from rolloutpool.router.errors import error_response
+from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.proxy import Proxy
+from rolloutpool.router.scrape import Scraper
+from rolloutpool.router.sessions import SessionManager
+from rolloutpool.router.state import SnapshotWriter, load_snapshot
+from rolloutpool.router.types import ClientFactory, Clock
+
+__all__ = ["ROUTER", "RouterService", "build_app", "run_router"]
+
+_log = logging.getLogger(__name__)
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _default_client() -> aiohttp.ClientSession:
+    # No connection limit: thousands of sessions may have a request in flight at once.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
+class RouterService:
+    """Everything one router application owns."""
+
+    def __init__(self, config: RouterConfig, *, clock: Clock, client_factory: ClientFactory) -> None:
+        self.config = config
+        self.metrics = RouterMetrics()
+        self.manager = SessionManager(config, clock=clock, metrics=self.metrics)
+        self.proxy = Proxy(self.manager)
+        self.sessions = SessionAPI(self.manager)
+        self.admin = AdminAPI(self.manager, config.admin_token)
+        self.writer: SnapshotWriter | None = None
+        self._client_factory = client_factory
+        self._client: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, _: web.Application) -> None:
+        """Restore, scrape once, start the loops."""
+        cfg = self.config
+        self._client = self._client_factory()
+        self.proxy.attach(self._client)
+        if cfg.state_path is not None:
+            load_snapshot(self.manager, cfg.state_path)
+            self.writer = SnapshotWriter(self.manager, cfg.state_path, debounce_s=cfg.state_debounce_s)
+            self.manager.on_change = self.writer.mark_dirty
+        scraper = Scraper(self.manager, self._client)
+        await scraper.scrape_all()
+        self._spawn(scraper.run(), "scrape")
+        self._spawn(self._expire_loop(), "expiry")
+        if self.writer is not None:
+            self._spawn(self.writer.run(), "snapshot")
+        _log.info(
+            "Started router replicas=%d sessions=%d ready=%d",
+            len(cfg.replicas),
+            len(self.manager.table.sessions),
+            sum(r.ready for r in self.manager.table.replicas.values()),
+        )
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        async def run() -> None:
+            await coro
+
+        self._tasks.append(asyncio.create_task(run(), name=f"rolloutpool-router-{name}"))
+
+    async def shutdown(self, _: web.Application) -> None:
+        """Refuse new placements and fail queued sessions; in-flight requests continue."""
+        self.manager.close()
+
+    async def cleanup(self, _: web.Application) -> None:
+        """Cancel the loops, write the final snapshot, close the upstream client."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.writer is not None:
+            await self.writer.close()
+        if self._client is not None:
+            await self._client.close()
+        _log.info("Stopped router sessions=%d", len(self.manager.table.sessions))
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_interval_s)
+            self.manager.expire()
+
+    # -- plain endpoints ---------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        """``GET /healthz``: the process serves."""
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        """``GET /readyz``: at least one replica is ready."""
+        ready = [r.name for r in self.manager.table.replicas.values() if r.ready]
+        status = 200 if ready else 503
+        return web.Response(
+            text=json.dumps({"ready": bool(ready), "ready_replicas": ready}),
+            status=status,
+            content_type="application/json",
+        )
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        """``GET /metrics``."""
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- middleware --------------------------------------------------------------------
+
+    @web.middleware
+    async def observe(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """Time every request; answer unknown routes and unexpected errors in the OpenAI error shape."""
+        started = time.perf_counter()
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource is not None else "unmatched"
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            return error_response(exc.status, exc.reason)
+        except Exception as exc:
+            _log.exception("Failed request path=%s", request.path)
+            return error_response(500, f"Internal router error: {type(exc).__name__}")
+        finally:
+            self.metrics.request_latency.labels(endpoint, str(status)).observe(time.perf_counter() - started)
+
+
+ROUTER = web.AppKey("rolloutpool_router", RouterService)
+"""Where the application keeps its :class:`RouterService` (tests read the manager through it)."""
+
+
+def build_app(
+    config: RouterConfig, *, clock: Clock = time.time, client_factory: ClientFactory = _default_client
+) -> web.Application:
+    """The router application; its loops run between startup and cleanup."""
+    service = RouterService(config, clock=clock, client_factory=client_factory)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
+    app[ROUTER] = service
+    add = app.router
+    add.add_post("/v1/completions", service.proxy.completions)
+    add.add_post("/v1/chat/completions", service.proxy.chat_completions)
+    add.add_get("/v1/models", service.proxy.models)
+    add.add_post("/v1/sessions", service.sessions.place)
+    add.add_get("/v1/sessions/{session_id}", service.sessions.get)
+    add.add_delete("/v1/sessions/{session_id}", service.sessions.delete)
+    add.add_post("/finish_session", service.sessions.finish)
+    add.add_get("/admin/replicas", service.admin.replicas)
+    add.add_post("/admin/replicas/{name}/drain", service.admin.drain)
+    add.add_get("/healthz", service.healthz)
+    add.add_get("/readyz", service.readyz)
+    add.add_get("/metrics", service.prometheus)
+    app.on_startup.append(service.start)
+    app.on_shutdown.append(service.shutdown)
+    app.on_cleanup.append(service.cleanup)
+    return app
+
+
+def run_router(config: RouterConfig) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
+    _log.info(
+        "Starting router host=%s port=%d replicas=%s admin=%s state=%s",
+        config.host,
+        config.port,
+        ",".join(r.name for r in config.replicas),
+        "enabled" if config.admin_token else "disabled",
+        config.state_path,
+    )
+    web.run_app(
+        build_app(config),
+        host=config.host,
+        port=config.port,
+        shutdown_timeout=config.shutdown_timeout_s,
+        access_log=None,
+        print=None,
+    )

@@ -1,0 +1,178 @@
+"""Router configuration: replicas, caps, session headers, queue, loops, admin and state (frozen).
+
+Every knob of ``rolloutpool router`` lives in :class:`RouterConfig`; nothing reads
+the environment behind its back. Caps are either fixed (``cap``, or a replica's own
+``ReplicaSpec.cap``) or derived from each replica's reported KV capacity
+(``vllm:cache_config_info``: ``num_gpu_blocks * block_size``) with
+:func:`rolloutpool.capacity.oversubscribed_cap` when ``max_model_len`` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.routing.quarantine import QuarantineConfig
+
+__all__ = ["ReplicaSpec", "RouterConfig", "parse_replica", "resolve_cap"]
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One engine replica behind the router."""
+
+    name: str
+    """Stable name (labels, admin API, snapshots)."""
+    url: str
+    """Base URL, e.g. ``http://10.0.0.7:8000`` (no trailing slash)."""
+    cap: int | None = None
+    """Fixed live-session cap of this replica; overrides ``RouterConfig.cap``."""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"replica name {self.name!r} must be non-empty and contain no '/'")
+        parts = urlsplit(self.url)
+        if parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise ValueError(f"replica {self.name}: url {self.url!r} must be http(s)://host[:port]")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.cap is not None and self.cap < 0:
+            raise ValueError(f"replica {self.name}: cap must be >= 0")
+
+
+def parse_replica(text: str) -> ReplicaSpec:
+    """A replica from ``name=url`` (the command-line form)."""
+    name, sep, url = text.partition("=")
+    if not sep:
+        raise ValueError(f"replica {text!r} must be written name=url")
+    return ReplicaSpec(name=name.strip(), url=url.strip())
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything ``rolloutpool router`` (or a test) sets on one router."""
+
+    replicas: tuple[ReplicaSpec, ...]
+    """The static replica list."""
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    # -- caps ------------------------------------------------------------------------
+    cap: int | None = None
+    """Fixed live-session cap per replica; ``None`` derives it (``max_model_len``) or leaves it unlimited."""
+    max_model_len: int | None = None
+    """Set to derive caps from each replica's KV capacity (ignored where a fixed cap applies)."""
+    expected_residency: float = 0.5
+    """Mean resident tokens / ``max_model_len`` of a live session (derived caps)."""
+    headroom: float = 0.1
+    """Fraction of the oversubscribed cap kept free (derived caps)."""
+    cap_ceiling: int | None = None
+    """Hard limit on a derived cap."""
+    co_locate_groups: bool = True
+    """Prefer a replica already holding members of the session's group."""
+
+    # -- sessions --------------------------------------------------------------------
+    session_header: str = "X-Session-ID"
+    group_header: str = "X-Session-Group"
+    final_header: str = "X-Session-Final"
+    """``true`` on a request releases its session after the response."""
+    idle_timeout_s: float = 1800.0
+    """A session idle this long is released (the safety net, never the main path)."""
+    expiry_interval_s: float = 5.0
+
+    # -- admission queue -------------------------------------------------------------
+    queue_max: int = 1024
+    """New sessions that may wait for a slot; one more is a 429."""
+    queue_timeout_s: float = 30.0
+    """A new session waiting this long gets a 503."""
+    retry_after_s: int = 2
+    """``Retry-After`` of 429 and 503 answers."""
+
+    # -- fast control loop -----------------------------------------------------------
+    scrape_interval_s: float = 1.0
+    scrape_timeout_s: float = 2.0
+    unready_after_failures: int = 3
+    """Consecutive failed scrapes after which a replica takes no new sessions."""
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    default_block_size: int = 16
+    """Block size assumed until a replica's ``cache_config_info`` is scraped."""
+    measure_streams: bool = True
+    """Ask for ``include_usage`` on streams whose client did not, and drop that extra chunk."""
+
+    # -- upstream --------------------------------------------------------------------
+    upstream_connect_timeout_s: float = 5.0
+    upstream_timeout_s: float = 600.0
+    """Longest silence of an upstream (before its headers, between chunks) before a 504."""
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    # -- admin, state, lifecycle -------------------------------------------------------
+    admin_token: str | None = field(default=None, repr=False)
+    """Bearer token of ``/admin``; ``None`` disables the admin API. Never logged."""
+    state_path: Path | None = None
+    """JSON snapshot of the session table, written atomically, loaded at start."""
+    state_debounce_s: float = 1.0
+    shutdown_timeout_s: float = 10.0
+    """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise ValueError("replicas: at least one replica is required")
+        names = [r.name for r in self.replicas]
+        if len(set(names)) != len(names):
+            raise ValueError(f"replicas: duplicate names in {names}")
+        for name in ("cap", "cap_ceiling"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
+        if not 0 < self.expected_residency <= 1 or not 0 <= self.headroom < 1:
+            raise ValueError("expected_residency must be in (0, 1] and headroom in [0, 1)")
+        positive = (
+            "idle_timeout_s",
+            "expiry_interval_s",
+            "queue_timeout_s",
+            "scrape_interval_s",
+            "scrape_timeout_s",
+            "upstream_connect_timeout_s",
+            "upstream_timeout_s",
+            "state_debounce_s",
+            "shutdown_timeout_s",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.queue_max < 0 or self.retry_after_s < 0 or self.unready_after_failures < 1:
+            raise ValueError("queue_max and retry_after_s must be >= 0, unready_after_failures >= 1")
+        if self.max_body_bytes < 1024 or self.default_block_size < 1:
+            raise ValueError("max_body_bytes must be >= 1024 and default_block_size >= 1")
+
+    def replica(self, name: str) -> ReplicaSpec | None:
+        """The replica named ``name``, if configured."""
+        return next((r for r in self.replicas if r.name == name), None)
+
+
+def resolve_cap(config: RouterConfig, spec: ReplicaSpec, *, capacity_tokens: int | None) -> int | None:
+    """The live-session cap of one replica (pure).
+
+    A fixed cap wins (the replica's, then the router's). Otherwise, with
+    ``max_model_len`` set, the cap is derived from the reported KV capacity, and is 0
+    (no new sessions) while the capacity is unknown. Without either, ``cap_ceiling``
+    or unlimited (``None``).
+    """
+    if spec.cap is not None:
+        return spec.cap
+    if config.cap is not None:
+        return config.cap
+    if config.max_model_len is None:
+        return config.cap_ceiling
+    if capacity_tokens is None:
+        return 0
+    return oversubscribed_cap(
+        capacity_tokens=capacity_tokens,
+        max_model_len=config.max_model_len,
+        expected_residency=config.expected_residency,
+        headroom=config.headroom,
+        ceiling=config.cap_ceiling,
+    )

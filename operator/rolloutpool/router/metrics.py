@@ -1,0 +1,120 @@
+"""Prometheus metrics of the router, on a per-app registry (``rolloutpool_router_*``).
+
+Counters and histograms are updated where things happen. Gauges of the session
+table (live sessions, caps, quarantine, readiness, queue depth) are read from the
+table at scrape time by a collector, so they can never drift from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["PREFIX", "ReplicaGauges", "RouterMetrics"]
+
+PREFIX = "rolloutpool_router_"
+
+_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+
+@dataclass(frozen=True)
+class ReplicaGauges:
+    """Gauge values of one replica at scrape time."""
+
+    name: str
+    live: int
+    cap: int | None
+    quarantined: bool
+    ready: bool
+    draining: bool
+    inflight: int
+
+
+class _TableCollector(Collector):
+    def __init__(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
+        self._replicas = replicas
+        self._queue_depth = queue_depth
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {
+            "live_sessions": GaugeMetricFamily(f"{PREFIX}live_sessions", "Live sessions held", labels=["replica"]),
+            "session_cap": GaugeMetricFamily(
+                f"{PREFIX}session_cap", "Live-session cap (+Inf when unlimited)", labels=["replica"]
+            ),
+            "quarantined": GaugeMetricFamily(
+                f"{PREFIX}replica_quarantined", "1 while the replica takes no new sessions", labels=["replica"]
+            ),
+            "ready": GaugeMetricFamily(f"{PREFIX}replica_ready", "1 while the replica is ready", labels=["replica"]),
+            "draining": GaugeMetricFamily(f"{PREFIX}replica_draining", "1 while draining", labels=["replica"]),
+            "inflight": GaugeMetricFamily(f"{PREFIX}inflight_requests", "Requests being proxied", labels=["replica"]),
+        }
+        for r in self._replicas():
+            gauges["live_sessions"].add_metric([r.name], r.live)
+            gauges["session_cap"].add_metric([r.name], math.inf if r.cap is None else r.cap)
+            gauges["quarantined"].add_metric([r.name], float(r.quarantined))
+            gauges["ready"].add_metric([r.name], float(r.ready))
+            gauges["draining"].add_metric([r.name], float(r.draining))
+            gauges["inflight"].add_metric([r.name], r.inflight)
+        yield from gauges.values()
+        depth = GaugeMetricFamily(f"{PREFIX}queue_depth", "New sessions waiting for a slot")
+        depth.add_metric([], self._queue_depth())
+        yield depth
+
+
+class RouterMetrics:
+    """All router metrics, registered on their own registry (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.placements = Counter(
+            f"{PREFIX}placements", "Sessions placed on a replica", ["replica", "kind"], registry=r
+        )
+        self.releases = Counter(f"{PREFIX}releases", "Sessions released, by how", ["how"], registry=r)
+        self.expiries = Counter(f"{PREFIX}expiries", "Sessions released by idle expiry", registry=r)
+        self.rejections = Counter(
+            f"{PREFIX}admission_rejections", "New sessions refused by the admission queue", ["reason"], registry=r
+        )
+        self.queue_wait = Histogram(
+            f"{PREFIX}queue_wait_seconds",
+            "Time new sessions waited in the admission queue",
+            ["outcome"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.quarantines = Counter(
+            f"{PREFIX}quarantines", "Times a replica entered quarantine", ["replica", "reason"], registry=r
+        )
+        self.reprefilled_tokens = Counter(
+            f"{PREFIX}reprefilled_tokens",
+            "Cached tokens returning sessions lost to eviction (re-prefilled)",
+            ["replica"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            f"{PREFIX}upstream_errors", "Failed upstream requests", ["replica", "kind"], registry=r
+        )
+        self.scrape_failures = Counter(
+            f"{PREFIX}scrape_failures", "Failed scrapes of a replica's /metrics", ["replica"], registry=r
+        )
+        self.request_latency = Histogram(
+            f"{PREFIX}request_duration_seconds",
+            "Time to answer a request",
+            ["endpoint", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def watch(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
+        """Expose table gauges read at scrape time."""
+        self.registry.register(_TableCollector(replicas, queue_depth))
+
+    def render(self) -> bytes:
+        """The text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,173 @@
+"""The fast control loop: scrape every replica's ``/metrics`` about once a second.
+
+Each scrape feeds the replica's quarantine state (preemptions, waiting queue),
+refreshes its KV capacity and block size (``vllm:cache_config_info``, for derived
+caps and for the expected cached tokens of returning sessions), and decides
+readiness: ``unready_after_failures`` failed scrapes in a row mark it not ready,
+one good scrape makes it ready again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from rolloutpool.router.sessions import SessionManager
+
+__all__ = ["ReplicaSignals", "Scraper", "parse_signals"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaSignals:
+    """KV-pressure signals of one scrape (summed over a replica's engines)."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    preemptions_total: float = 0.0
+    kv_cache_usage: float | None = None
+    prefix_cache_queries_total: float = 0.0
+    prefix_cache_hits_total: float = 0.0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """KV capacity in tokens (``num_gpu_blocks * block_size``), when reported."""
+        if self.block_size is None or self.num_gpu_blocks is None:
+            return None
+        return self.num_gpu_blocks * self.block_size
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """JSON-friendly view (admin API)."""
+        return {
+            "waiting": self.waiting,
+            "running": self.running,
+            "preemptions_total": self.preemptions_total,
+            "kv_cache_usage": self.kv_cache_usage,
+            "prefix_cache_queries_total": self.prefix_cache_queries_total,
+            "prefix_cache_hits_total": self.prefix_cache_hits_total,
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "capacity_tokens": self.capacity_tokens,
+        }
+
+
+_SUMMED = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:num_preemptions_total": "preemptions_total",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+}
+
+
+def _int_label(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+_WANTED = (*_SUMMED, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
+
+
+def _wanted_lines(text: str) -> str:
+    """Only the samples we read: a real engine exposes hundreds of histogram buckets, parsing them all is slow."""
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in _WANTED:
+                keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def parse_signals(text: str) -> ReplicaSignals:
+    """The signals in a vLLM ``/metrics`` text (pure). Raises ``ValueError`` on unparsable text."""
+    text = _wanted_lines(text)
+    sums = dict.fromkeys(_SUMMED.values(), 0.0)
+    usage: float | None = None
+    legacy_usage: float | None = None
+    block_size = num_blocks = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, value = sample.name, sample.value
+            if math.isnan(value):
+                continue
+            if name in _SUMMED:
+                sums[_SUMMED[name]] += value
+            elif name == "vllm:kv_cache_usage_perc":
+                usage = value if usage is None else max(usage, value)
+            elif name == "vllm:gpu_cache_usage_perc":
+                legacy_usage = value if legacy_usage is None else max(legacy_usage, value)
+            elif name == "vllm:cache_config_info":
+                block_size = _int_label(sample.labels.get("block_size"))
+                blocks = _int_label(sample.labels.get("num_gpu_blocks"))
+                if blocks is not None:
+                    num_blocks = blocks + (num_blocks or 0)
+    return ReplicaSignals(
+        kv_cache_usage=usage if usage is not None else legacy_usage,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        **sums,
+    )
+
+
+class Scraper:
+    """Scrapes all replicas concurrently and applies what it sees to the session manager."""
+
+    def __init__(self, manager: SessionManager, client: aiohttp.ClientSession) -> None:
+        self.manager = manager
+        self.client = client
+        self.config = manager.config
+
+    async def scrape_all(self) -> None:
+        """One round over every replica."""
+        await asyncio.gather(*(self.scrape(name) for name in self.manager.runtime))
+
+    async def scrape(self, name: str) -> None:
+        """Scrape one replica and apply the result."""
+        runtime = self.manager.runtime[name]
+        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
+        try:
+            async with self.client.get(f"{runtime.spec.url}/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"status {resp.status}")
+                signals = parse_signals(await resp.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
+            runtime.scrape_failures += 1
+            self.manager.metrics.scrape_failures.labels(name).inc()
+            if runtime.scrape_failures == self.config.unready_after_failures:
+                _log.warning(
+                    "Failed to scrape replica=%s failures=%d error=%s",
+                    name,
+                    runtime.scrape_failures,
+                    type(exc).__name__,
+                )
+            if runtime.scrape_failures >= self.config.unready_after_failures:
+                self.manager.set_ready(name, False, reason="ScrapeFailed")
+            return
+        runtime.scrape_failures = 0
+        runtime.last_scrape = self.manager.clock()
+        runtime.signals = {k: v for k, v in signals.as_dict().items() if v is not None}
+        self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
+        self.manager.observe_scrape(name, preemptions_total=signals.preemptions_total, waiting=signals.waiting)
+        self.manager.set_ready(name, True)
+
+    async def run(self) -> None:
+        """Scrape forever, every ``scrape_interval_s`` (cancelled on shutdown)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.scrape_all()
+            except Exception:  # a bug must not stop the loop
+                _log.exception("Failed scrape round")
+            await asyncio.sleep(max(0.0, self.config.scrape_interval_s - (loop.time() - started)))

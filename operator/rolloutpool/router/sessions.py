@@ -1,0 +1,395 @@
+"""Sessions: the async shell around the pure session table, the policy and quarantine.
+
+Every decision is delegated: :class:`~rolloutpool.routing.table.SessionTable` holds
+sessions and derives live counts, :class:`~rolloutpool.routing.policies.SessionAware`
+picks the replica of a new session, :class:`~rolloutpool.routing.quarantine.PressureState`
+decides quarantine. This module adds what needs an event loop: the bounded FIFO
+admission queue (futures resolved when a slot frees), in-flight bookkeeping so idle
+expiry never takes a session mid-request, and metrics.
+
+All mutations run on the event loop thread without awaiting in between, so each one
+is atomic with respect to the others; counts stay exact under any interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from rolloutpool.router.config import ReplicaSpec, RouterConfig, resolve_cap
+from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
+from rolloutpool.router.types import Clock
+from rolloutpool.routing.policies import Placement, SessionAware
+from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.table import ReplicaState, Session, SessionTable
+
+__all__ = [
+    "AdmissionError",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "ReplicaRuntime",
+    "SessionManager",
+    "ShuttingDownError",
+    "Usage",
+]
+
+_log = logging.getLogger(__name__)
+
+
+class AdmissionError(Exception):
+    """A new session could not be placed."""
+
+
+class QueueFullError(AdmissionError):
+    """The admission queue is full (answered 429)."""
+
+
+class QueueTimeoutError(AdmissionError):
+    """The session waited ``queue_timeout_s`` without a slot (answered 503)."""
+
+
+class ShuttingDownError(AdmissionError):
+    """The router is stopping (answered 503)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one response."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens``; None when the engine does not report it."""
+
+
+@dataclass
+class ReplicaRuntime:
+    """What the router knows about a replica beyond the pure table."""
+
+    spec: ReplicaSpec
+    pressure: PressureState
+    block_size: int
+    capacity_tokens: int | None = None
+    scrape_failures: int = 0
+    """Consecutive failed scrapes."""
+    last_scrape: float | None = None
+    signals: dict[str, float] = field(default_factory=dict)
+    """Last scraped signals, for the admin API."""
+    unready_reason: str | None = None
+
+
+@dataclass
+class _Waiter:
+    placement: Placement
+    future: asyncio.Future[Session]
+    enqueued: float
+
+
+class SessionManager:
+    """Live sessions of the router; the only writer of the session table."""
+
+    def __init__(self, config: RouterConfig, *, clock: Clock, metrics: RouterMetrics) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics
+        self.table = SessionTable()
+        self.policy = SessionAware(co_locate_groups=config.co_locate_groups)
+        self.runtime: dict[str, ReplicaRuntime] = {}
+        self._queue: collections.deque[_Waiter] = collections.deque()
+        self._inflight: collections.Counter[str] = collections.Counter()
+        self._closed = False
+        self.on_change: Callable[[], None] = lambda: None
+        """Called after every change of the session table (snapshots hook in here)."""
+        for spec in config.replicas:
+            self.table.add_replica(spec.name, cap=resolve_cap(config, spec, capacity_tokens=None))
+            self.runtime[spec.name] = ReplicaRuntime(
+                spec=spec, pressure=PressureState(config.quarantine), block_size=config.default_block_size
+            )
+        metrics.watch(self._gauges, lambda: len(self._queue))
+
+    # -- views -----------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """New sessions waiting for a slot."""
+        return len(self._queue)
+
+    def replica(self, name: str) -> ReplicaState:
+        """The table's state of a replica."""
+        return self.table.replicas[name]
+
+    def lookup(self, session_id: str) -> Session | None:
+        """The live session, or None."""
+        return self.table.lookup(session_id)
+
+    def is_current(self, session: Session) -> bool:
+        """Whether ``session`` is still the live binding of its id (not released or re-placed since)."""
+        return self.table.sessions.get(session.session_id) is session
+
+    def any_ready(self) -> bool:
+        """Whether at least one replica is ready."""
+        return any(r.ready for r in self.table.replicas.values())
+
+    def _gauges(self) -> Iterator[ReplicaGauges]:
+        for r in self.table.replicas.values():
+            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight)
+
+    # -- placement and admission -------------------------------------------------------
+
+    async def acquire(self, session_id: str, *, group: str | None, ephemeral: bool = False) -> tuple[Session, bool]:
+        """The session's binding, placing it (and waiting in the queue) when new; returns (session, created).
+
+        An existing session returns to its replica unless that replica is gone or not
+        ready; then it is re-placed like a new one. Raises :class:`AdmissionError`.
+        """
+        now = self.clock()
+        current = self.table.lookup(session_id)
+        if current is not None:
+            replica = self.table.replicas.get(current.replica)
+            if replica is not None and replica.ready:
+                current.last_seen = now
+                return current, False
+            self.release(session_id, how="replaced")
+        placement = Placement(session_id=session_id, group=group)
+        if not self._queue:
+            session = self._place(placement, kind="new")
+            if session is not None:
+                return session, True
+        return await self._wait(placement, ephemeral=ephemeral), True
+
+    def _place(self, placement: Placement, *, kind: str) -> Session | None:
+        if self._closed:
+            return None
+        name = self.policy.choose(placement, self.table)
+        if name is None:
+            return None
+        session = self.table.bind(placement.session_id, name, now=self.clock(), group=placement.group)
+        self.metrics.placements.labels(name, kind).inc()
+        self.on_change()
+        return session
+
+    async def _wait(self, placement: Placement, *, ephemeral: bool) -> Session:
+        if self._closed:
+            raise ShuttingDownError("the router is shutting down")
+        if len(self._queue) >= self.config.queue_max:
+            self.metrics.rejections.labels("queue_full").inc()
+            raise QueueFullError(f"admission queue is full ({self.config.queue_max} sessions waiting)")
+        waiter = _Waiter(placement, asyncio.get_running_loop().create_future(), self.clock())
+        self._queue.append(waiter)
+        try:
+            async with asyncio.timeout(self.config.queue_timeout_s):
+                session = await asyncio.shield(waiter.future)
+        except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                session = waiter.future.result()  # admitted as time ran out
+            else:
+                self._forget(waiter)
+                self.metrics.queue_wait.labels("timeout").observe(self.clock() - waiter.enqueued)
+                self.metrics.rejections.labels("queue_timeout").inc()
+                raise QueueTimeoutError(
+                    f"no replica could take a new session within {self.config.queue_timeout_s:g} s"
+                ) from None
+        except asyncio.CancelledError:
+            self._forget(waiter)
+            admitted = waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None
+            if ephemeral and admitted:
+                self.release(placement.session_id, how="cancelled")
+            raise
+        self.metrics.queue_wait.labels("admitted").observe(self.clock() - waiter.enqueued)
+        return session
+
+    def _forget(self, waiter: _Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            self._queue.remove(waiter)
+        if not waiter.future.done():
+            waiter.future.cancel()
+
+    def admit_waiting(self) -> None:
+        """Place queued sessions, oldest first, while a replica may take them (FIFO: the head blocks)."""
+        while self._queue and not self._closed:
+            waiter = self._queue[0]
+            if waiter.future.done():
+                self._queue.popleft()
+                continue
+            existing = self.table.lookup(waiter.placement.session_id)
+            session = existing or self._place(waiter.placement, kind="queued")
+            if session is None:
+                return
+            self._queue.popleft()
+            waiter.future.set_result(session)
+
+    def close(self) -> None:
+        """Refuse new sessions and fail every waiter (shutdown)."""
+        self._closed = True
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(ShuttingDownError("the router is shutting down"))
+                waiter.future.exception()  # retrieved: no "never retrieved" warning if the waiter is gone
+
+    # -- release -----------------------------------------------------------------------
+
+    def release(self, session_id: str, *, how: str) -> Session | None:
+        """Release a session; None when unknown (counts unchanged). Admits waiting sessions."""
+        session = self.table.release(session_id)
+        if session is None:
+            return None
+        self.metrics.releases.labels(how).inc()
+        self._inflight.pop(session_id, None)
+        runtime = self.runtime.get(session.replica)
+        if runtime is not None and how not in {"replaced", "upstream_error"}:
+            runtime.pressure.session_finished()
+            self._sync_quarantine(session.replica)
+        self.on_change()
+        self.admit_waiting()
+        return session
+
+    def expire(self) -> list[Session]:
+        """Release sessions idle past ``idle_timeout_s``; sessions with a request in flight are never idle."""
+        now = self.clock()
+        for sid in self._inflight:
+            held = self.table.sessions.get(sid)
+            if held is not None:
+                held.last_seen = now
+        stale = self.table.expire(now=now, idle_timeout=self.config.idle_timeout_s)
+        for session in stale:
+            self.metrics.expiries.inc()
+            self.metrics.releases.labels("expired").inc()
+            runtime = self.runtime.get(session.replica)
+            if runtime is not None:
+                runtime.pressure.session_finished()
+                self._sync_quarantine(session.replica)
+        if stale:
+            _log.info("Expired idle sessions count=%d idle_timeout_s=%g", len(stale), self.config.idle_timeout_s)
+            self.on_change()
+            self.admit_waiting()
+        return stale
+
+    # -- requests of a session --------------------------------------------------------
+
+    def begin(self, session: Session) -> None:
+        """A request of ``session`` is being proxied."""
+        self._inflight[session.session_id] += 1
+        replica = self.table.replicas.get(session.replica)
+        if replica is not None:
+            replica.inflight += 1
+
+    def end(self, session: Session) -> None:
+        """The request started by :meth:`begin` is over."""
+        sid = session.session_id
+        if self.is_current(session) and self._inflight[sid] > 0:
+            self._inflight[sid] -= 1
+            if self._inflight[sid] == 0:
+                del self._inflight[sid]
+        replica = self.table.replicas.get(session.replica)
+        if replica is not None and replica.inflight > 0:
+            replica.inflight -= 1
+        if self.is_current(session):
+            session.last_seen = self.clock()
+
+    def finish_turn(self, session: Session, *, usage: Usage | None) -> None:
+        """A turn's usage: spot re-prefill of a returning session, then remember the new context.
+
+        Without usage the context is forgotten, so the next turn is not compared with a stale one.
+        """
+        if not self.is_current(session):
+            return  # released (or re-placed) while the request ran
+        if usage is None:
+            session.context_tokens = 0
+            return
+        runtime = self.runtime[session.replica]
+        if session.context_tokens > 0 and usage.cached_tokens is not None:
+            expected = expected_cached_tokens(
+                previous_context=session.context_tokens - 1,
+                prompt_tokens=usage.prompt_tokens,
+                block_size=runtime.block_size,
+            )
+            before = runtime.pressure.quarantines
+            shortfall = runtime.pressure.observe_response(
+                now=self.clock(), expected_cached=expected, cached=usage.cached_tokens
+            )
+            if shortfall:
+                self.metrics.reprefilled_tokens.labels(session.replica).inc(shortfall)
+                _log.info(
+                    "Observed re-prefill replica=%s session=%s expected_cached=%d cached=%d",
+                    session.replica,
+                    session.session_id,
+                    expected,
+                    usage.cached_tokens,
+                )
+            self._sync_quarantine(session.replica, entered=runtime.pressure.quarantines > before)
+        session.context_tokens = usage.prompt_tokens + usage.completion_tokens
+        self.on_change()
+
+    def upstream_failed(self, session: Session, *, replica_down: bool) -> None:
+        """The replica failed this session's request: unbind it (re-placed next turn), maybe mark the replica down."""
+        if self.is_current(session):
+            self.release(session.session_id, how="upstream_error")
+        if replica_down:
+            self.set_ready(session.replica, False, reason="UpstreamUnreachable")
+
+    # -- replica state -----------------------------------------------------------------
+
+    def set_ready(self, name: str, ready: bool, *, reason: str | None = None) -> None:
+        """Mark a replica ready or not; an unready replica takes no sessions and loses its own on their next turn."""
+        replica = self.table.replicas.get(name)
+        if replica is None or replica.ready == ready:
+            return
+        replica.ready = ready
+        self.runtime[name].unready_reason = None if ready else reason
+        _log.info("Marked replica ready=%s replica=%s reason=%s", ready, name, reason)
+        if ready:
+            self.admit_waiting()
+
+    def set_capacity(self, name: str, capacity_tokens: int | None, block_size: int | None) -> None:
+        """A replica's reported KV capacity and block size: recompute its cap."""
+        runtime = self.runtime[name]
+        if block_size:
+            runtime.block_size = block_size
+        if capacity_tokens is None:
+            capacity_tokens = runtime.capacity_tokens  # keep the last report
+        runtime.capacity_tokens = capacity_tokens
+        replica = self.table.replicas[name]
+        cap = resolve_cap(self.config, runtime.spec, capacity_tokens=capacity_tokens)
+        if cap != replica.cap:
+            _log.info("Set session cap replica=%s cap=%s capacity_tokens=%s", name, cap, capacity_tokens)
+            replica.cap = cap
+            self.admit_waiting()
+
+    def observe_scrape(self, name: str, *, preemptions_total: float, waiting: float) -> None:
+        """Feed a scrape's pressure signals to the replica's quarantine state."""
+        pressure = self.runtime[name].pressure
+        before = pressure.quarantines
+        pressure.observe_scrape(now=self.clock(), preemptions_total=preemptions_total, waiting=waiting)
+        self._sync_quarantine(name, entered=pressure.quarantines > before)
+
+    def _sync_quarantine(self, name: str, *, entered: bool = False) -> None:
+        replica = self.table.replicas[name]
+        pressure = self.runtime[name].pressure
+        if entered:
+            self.metrics.quarantines.labels(name, pressure.reason or "Unknown").inc()
+            _log.info("Quarantined replica=%s reason=%s", name, pressure.reason)
+        was = replica.quarantined
+        replica.quarantined = pressure.quarantined
+        if was and not replica.quarantined:
+            _log.info("Lifted quarantine replica=%s", name)
+            self.admit_waiting()
+
+    def set_draining(self, name: str, draining: bool) -> None:
+        """Drain a replica (keeps its sessions, takes no new ones) or undo it."""
+        replica = self.table.replicas[name]
+        if replica.draining != draining:
+            replica.draining = draining
+            _log.info("Set draining replica=%s draining=%s", name, draining)
+            self.on_change()
+            if not draining:
+                self.admit_waiting()
+
+    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
+        """Re-create a session from a snapshot (no placement decision, no metrics)."""
+        session = self.table.bind(session_id, replica, now=last_seen, group=group)
+        session.context_tokens = context

@@ -1,0 +1,19 @@
+"""Type aliases shared by the router modules (one place, like starlette's ``types``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import aiohttp
+
+__all__ = ["ClientFactory", "Clock", "JSONObject"]
+
+JSONObject: TypeAlias = dict[str, Any]
+"""A decoded JSON object (request or response body)."""
+
+Clock: TypeAlias = Callable[[], float]
+"""Wall-clock seconds (``time.time``); injected so tests and snapshots agree on one clock."""
+
+ClientFactory: TypeAlias = Callable[[], aiohttp.ClientSession]
+"""Builds the upstream HTTP client (the injectable transport); called once at startup."""

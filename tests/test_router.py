@@ -1,0 +1,227 @@
+"""The session router proxies, places, sticks and releases over real HTTP (DESIGN sections 2-3).
+
+Real engine simulators on loopback are the upstreams; nothing is mocked here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica
+from rolloutpool.router.config import resolve_cap
+from rolloutpool.router.proxy import EventRelay, session_key
+from rolloutpool.router.scrape import parse_signals
+from routerkit import MODEL, engines, no_leaked_tasks, router, sse
+
+WORDS = ["the", "agent", "reads", "the", "tool", "output", "and", "decides", "what", "to", "call", "next"]
+
+
+def prompt(seed: int, n: int) -> str:
+    return " ".join(WORDS[(seed + i * 7) % len(WORDS)] + str(seed) for i in range(n))
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+
+def test_session_key_precedence() -> None:
+    body = {"session_id": "body", "session_params": {"session_id": "params"}}
+    assert session_key({"X-Session-ID": "hdr"}, body, header="X-Session-ID") == "hdr"
+    assert session_key({}, body, header="X-Session-ID") == "body"
+    assert session_key({}, {"session_params": {"session_id": 7}}, header="X-Session-ID") == "7"
+    assert session_key({}, {"session_id": True}, header="X-Session-ID") is None
+    assert session_key({}, {}, header="X-Session-ID") is None
+
+
+def test_config_validation_and_caps() -> None:
+    assert parse_replica("a=http://h:1/") == ReplicaSpec("a", "http://h:1")
+    with pytest.raises(ValueError, match="name=url"):
+        parse_replica("http://h:1")
+    with pytest.raises(ValueError, match="duplicate"):
+        RouterConfig(replicas=(ReplicaSpec("a", "http://h:1"), ReplicaSpec("a", "http://h:2")))
+    spec = ReplicaSpec("a", "http://h:1")
+    assert resolve_cap(RouterConfig(replicas=(spec,)), spec, capacity_tokens=None) is None
+    assert resolve_cap(RouterConfig(replicas=(spec,), cap=3), spec, capacity_tokens=9999) == 3
+    derived = RouterConfig(replicas=(spec,), max_model_len=512, expected_residency=0.5, headroom=0.1)
+    assert resolve_cap(derived, spec, capacity_tokens=None) == 0
+    assert resolve_cap(derived, spec, capacity_tokens=2048) == 7
+    assert resolve_cap(derived, ReplicaSpec("b", "http://h:2", cap=1), capacity_tokens=2048) == 1
+
+
+def test_event_relay_drops_only_the_injected_usage_chunk() -> None:
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}\n\n'
+    text = b'data: {"choices": [{"text": "a"}], "usage": null}\n\n'
+    relay = EventRelay(drop_usage_chunk=True)
+    stream = text + usage + b"data: [DONE]\n\n"
+    out = b"".join(relay.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + relay.close()
+    assert out == text + b"data: [DONE]\n\n"
+    assert relay.usage is not None
+    assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens) == (5, 2, None)
+    keep = EventRelay(drop_usage_chunk=False)
+    assert keep.feed(stream) == stream
+
+
+def test_parse_signals_reads_vllm_names() -> None:
+    text = """
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+vllm:num_preemptions_total{engine="0",model_name="m"} 4.0
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0
+"""
+    signals = parse_signals(text)
+    assert signals.waiting == 3.0
+    assert signals.preemptions_total == 4.0
+    assert signals.kv_cache_usage == 0.5
+    assert signals.capacity_tokens == 1600
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+async def test_places_new_sessions_least_loaded_under_caps() -> None:
+    async with engines(3) as urls, router(urls, cap=2) as rt:
+        served = []
+        for i in range(6):
+            status, body, replica = await rt.complete(prompt(i, 20), session=f"s{i}")
+            assert status == 200, body
+            served.append(replica)
+        assert sorted(served[:3]) == ["e0", "e1", "e2"]
+        assert rt.live() == {"e0": 2, "e1": 2, "e2": 2}
+        assert await rt.metric("rolloutpool_router_live_sessions") == 6
+        assert await rt.metric("rolloutpool_router_session_cap", replica="e1") == 2
+        assert await rt.metric("rolloutpool_router_placements_total") == 6
+        status, body = await rt.request("GET", "/v1/models")
+        assert status == 200
+        assert body["data"][0]["id"] == MODEL
+        assert (await rt.request("GET", "/healthz"))[0] == 200
+        assert (await rt.request("GET", "/readyz"))[0] == 200
+    await no_leaked_tasks()
+
+
+async def test_caps_derived_from_reported_kv_capacity() -> None:
+    async with engines(1, num_gpu_blocks=128, max_model_len=512) as urls, router(urls, max_model_len=512) as rt:
+        # 128 blocks * 16 = 2048 tokens; floor(2048 / (512 * 0.5) * 0.9) = 7
+        assert rt.manager.replica("e0").cap == 7
+        assert await rt.metric("rolloutpool_router_session_cap") == 7
+    await no_leaked_tasks()
+
+
+async def test_sessions_stick_across_turns_and_streams() -> None:
+    async with engines(3) as urls, router(urls) as rt:
+        for i in range(3):  # load the fleet so that least-loaded would move a re-placed session
+            assert (await rt.complete(prompt(i, 10), session=f"other{i}"))[0] == 200
+        text = prompt(42, 60)
+        status, body, first = await rt.complete(text, session="A")
+        assert status == 200
+        for turn in range(3):
+            text = f"{text}{body['choices'][0]['text']} {prompt(turn, 10)}"
+            status, body, replica = await rt.complete(text, session="A")
+            assert status == 200
+            assert replica == first
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert not rt.manager.replica(first).quarantined
+        # the body's session_id and session_params.session_id name the same session
+        for extra in ({"session_id": "A"}, {"session_params": {"session_id": "A"}}):
+            body = {"model": MODEL, "prompt": text, "max_tokens": 4, **extra}
+            async with rt.http.post(f"{rt.url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["X-RolloutPool-Replica"] == first
+        # streaming chat: passed through chunk by chunk; the usage chunk only when asked for
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt(1, 30)}], "max_tokens": 6}
+        async with rt.http.post(
+            f"{rt.url}/v1/chat/completions", json={**chat, "stream": True}, headers={"X-Session-ID": "A"}
+        ) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-RolloutPool-Replica"] == first
+            events = await sse(resp)
+        assert events[-1] == "[DONE]"
+        assert all("usage" not in e or e["usage"] is None for e in events[:-1])
+        assert len(events) >= 3
+        measured = rt.manager.lookup("A").context_tokens
+        assert measured > 0  # the router asked for usage itself and measured the turn
+        asked = {**chat, "stream": True, "stream_options": {"include_usage": True}}
+        async with rt.http.post(f"{rt.url}/v1/chat/completions", json=asked, headers={"X-Session-ID": "A"}) as resp:
+            events = await sse(resp)
+        assert events[-2]["choices"] == []
+        assert events[-2]["usage"]["prompt_tokens"] > 0
+        assert rt.live()[first] == 2
+    await no_leaked_tasks()
+
+
+async def test_group_members_share_a_replica_while_it_fits() -> None:
+    async with engines(3) as urls, router(urls, cap=3) as rt:
+        assert (await rt.post("/v1/sessions", {"session_id": "solo"}))[0] == 201
+        placed = []
+        for i in range(4):
+            status, body, _ = await rt.post("/v1/sessions", {"session_id": f"g{i}"}, headers={"X-Session-Group": "G"})
+            assert status == 201
+            placed.append(body["replica"]["name"])
+        assert placed[0] != "e0"  # least loaded: e0 holds "solo"
+        assert placed[:3] == [placed[0]] * 3
+        assert placed[3] != placed[0]  # the group's replica is at its cap
+        status, body, _ = await rt.post("/v1/sessions", {"session_id": "g0"})
+        assert status == 200
+        assert body["created"] is False
+        assert body["replica"] == {"name": placed[0], "url": urls[placed[0]]}
+        assert sum(rt.live().values()) == 5
+    await no_leaked_tasks()
+
+
+async def test_release_paths_and_unknown_releases() -> None:
+    async with engines(2) as urls, router(urls) as rt:
+        for sid in ("a", "b", "c"):
+            assert (await rt.complete(prompt(1, 10), session=sid))[0] == 200
+        assert (await rt.complete(prompt(2, 10)))[0] == 200  # no key: one turn, released at once
+        assert sum(rt.live().values()) == 3
+        status, body, _ = await rt.post("/finish_session?session_id=a")
+        assert (status, body["released"]) == (200, True)
+        status, _ = await rt.request("DELETE", "/v1/sessions/b")
+        assert status == 200
+        status, _, _ = await rt.complete(prompt(3, 10), session="c", headers={"X-Session-Final": "true"})
+        assert status == 200
+        await asyncio.sleep(0)
+        assert sum(rt.live().values()) == 0
+        for path in ("/finish_session?session_id=a", "/finish_session?session_id=nope"):
+            status, body, _ = await rt.post(path)
+            assert status == 404
+            assert "not live" in body["error"]["message"]
+            assert body["error"]["type"] == "NotFoundError"
+        status, body = await rt.request("DELETE", "/v1/sessions/b")
+        assert status == 404
+        assert sum(rt.live().values()) == 0
+        assert await rt.metric("rolloutpool_router_releases_total", how="finish_session") == 1
+        assert await rt.metric("rolloutpool_router_releases_total", how="delete") == 1
+        assert await rt.metric("rolloutpool_router_releases_total", how="final") == 1
+        assert await rt.metric("rolloutpool_router_releases_total", how="request") == 1
+        assert (await rt.post("/finish_session"))[0] == 400
+    await no_leaked_tasks()
+
+
+async def test_bad_input_is_an_openai_error_and_changes_nothing() -> None:
+    async with engines(1) as urls, router(urls, max_body_bytes=4096) as rt:
+        cases = [
+            (b"{not json", 400),
+            (b"[1, 2]", 400),
+            (b'{"prompt": "hi"}', 400),
+            (b'{"model": "sim", "prompt": "' + b"x" * 8192 + b'"}', 413),
+        ]
+        for raw, expected in cases:
+            async with rt.http.post(
+                f"{rt.url}/v1/completions", data=raw, headers={"Content-Type": "application/json", "X-Session-ID": "s"}
+            ) as resp:
+                body = await resp.json()
+                assert resp.status == expected, body
+                assert set(body["error"]) == {"message", "type", "param", "code"}
+        status, body = await rt.request("GET", "/v1/nothing")
+        assert status == 404
+        assert "error" in body
+        status, body, _ = await rt.complete(prompt(1, 5), session="s", headers={})
+        assert status == 200
+        # the engine's own errors pass through
+        async with rt.http.post(f"{rt.url}/v1/completions", json={"model": "other", "prompt": "x"}) as resp:
+            assert resp.status == 404
+            assert (await resp.json())["error"]["type"] == "NotFoundError"
+        assert rt.live() == {"e0": 1}
+    await no_leaked_tasks()
