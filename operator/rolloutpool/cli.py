@@ -202,7 +202,12 @@ def engine_sim(
 
 
 @main.command("router")
-@click.option("--replica", "replicas", multiple=True, required=True, help="name=url of an engine (repeatable).")
+@click.option("--replica", "replicas", multiple=True, help="name=url of an engine (repeatable).")
+@click.option("--discover-namespace", default=None, help="Discover replicas from the pods of this namespace.")
+@click.option(
+    "--discover-selector", default=None, help="Label selector of the engine pods (with --discover-namespace)."
+)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Default: in-cluster config.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
@@ -219,6 +224,9 @@ def engine_sim(
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def router_command(
     replicas: tuple[str, ...],
+    discover_namespace: str | None,
+    discover_selector: str | None,
+    kubeconfig: str | None,
     host: str,
     port: int,
     cap: int | None,
@@ -240,9 +248,12 @@ def router_command(
     from rolloutpool.router import RouterConfig, parse_replica, run_router  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if bool(replicas) == bool(discover_namespace):
+        raise click.UsageError("give --replica (static) or --discover-namespace/--discover-selector, not both")
     try:
         config = RouterConfig(
             replicas=tuple(parse_replica(r) for r in replicas),
+            discovery=discover_namespace is not None,
             host=host,
             port=port,
             cap=cap,
@@ -260,7 +271,13 @@ def router_command(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err
-    run_router(config)
+    if discover_namespace is None:
+        run_router(config)
+        return
+    from rolloutpool.kube.pods import PodWatch, api_client  # noqa: PLC0415
+
+    pods = PodWatch(api_client(kubeconfig), namespace=discover_namespace, selector=discover_selector or "")
+    run_router(config, discovery=pods.events)
 
 
 @main.command()

@@ -25,14 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from rolloutpool.router.admin import AdminAPI
 from rolloutpool.router.api import SessionAPI
-from rolloutpool.router.config import RouterConfig
+from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.metrics import RouterMetrics
 from rolloutpool.router.proxy import Proxy
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
-from rolloutpool.router.types import ClientFactory, Clock
+from rolloutpool.router.types import ClientFactory, Clock, Discovery
 
 __all__ = ["ROUTER", "RouterService", "build_app", "run_router"]
 
@@ -49,7 +49,14 @@ def _default_client() -> aiohttp.ClientSession:
 class RouterService:
     """Everything one router application owns."""
 
-    def __init__(self, config: RouterConfig, *, clock: Clock, client_factory: ClientFactory) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        clock: Clock,
+        client_factory: ClientFactory,
+        discovery: Discovery | None = None,
+    ) -> None:
         self.config = config
         self.metrics = RouterMetrics()
         self.manager = SessionManager(config, clock=clock, metrics=self.metrics)
@@ -58,6 +65,8 @@ class RouterService:
         self.admin = AdminAPI(self.manager, config.admin_token)
         self.writer: SnapshotWriter | None = None
         self._client_factory = client_factory
+        self._discovery = discovery
+        self._restored = False
         self._client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -68,22 +77,41 @@ class RouterService:
         cfg = self.config
         self._client = self._client_factory()
         self.proxy.attach(self._client)
-        if cfg.state_path is not None:
-            load_snapshot(self.manager, cfg.state_path)
-            self.writer = SnapshotWriter(self.manager, cfg.state_path, debounce_s=cfg.state_debounce_s)
-            self.manager.on_change = self.writer.mark_dirty
+        if self._discovery is None:
+            self._restore()  # with discovery: once the first pod list has arrived
+        else:
+            self._spawn(self._discover(self._discovery), "discovery")
         scraper = Scraper(self.manager, self._client)
         await scraper.scrape_all()
         self._spawn(scraper.run(), "scrape")
         self._spawn(self._expire_loop(), "expiry")
-        if self.writer is not None:
-            self._spawn(self.writer.run(), "snapshot")
         _log.info(
             "Started router replicas=%d sessions=%d ready=%d",
             len(cfg.replicas),
             len(self.manager.table.sessions),
             sum(r.ready for r in self.manager.table.replicas.values()),
         )
+
+    def _restore(self) -> None:
+        """Load the snapshot (once, when the replicas are known) and start writing new ones."""
+        cfg = self.config
+        if self._restored or cfg.state_path is None:
+            return
+        self._restored = True
+        load_snapshot(self.manager, cfg.state_path)
+        self.writer = SnapshotWriter(self.manager, cfg.state_path, debounce_s=cfg.state_debounce_s)
+        self.manager.on_change = self.writer.mark_dirty
+        self._spawn(self.writer.run(), "snapshot")
+
+    async def _discover(self, discovery: Discovery) -> None:
+        """Apply discovery events: routable replicas join placement, the rest leave it."""
+        async for event in discovery():
+            if event.reason == "Synced":
+                self._restore()
+            elif event.routable and event.url is not None:
+                self.manager.add_replica(ReplicaSpec(name=event.name, url=event.url))
+            else:
+                self.manager.remove_replica(event.name, reason=event.reason)
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         async def run() -> None:
@@ -162,10 +190,19 @@ ROUTER = web.AppKey("rolloutpool_router", RouterService)
 
 
 def build_app(
-    config: RouterConfig, *, clock: Clock = time.time, client_factory: ClientFactory = _default_client
+    config: RouterConfig,
+    *,
+    clock: Clock = time.time,
+    client_factory: ClientFactory = _default_client,
+    discovery: Discovery | None = None,
 ) -> web.Application:
-    """The router application; its loops run between startup and cleanup."""
-    service = RouterService(config, clock=clock, client_factory=client_factory)
+    """The router application; its loops run between startup and cleanup.
+
+    ``discovery`` (with ``config.discovery``) yields replica events at run time, e.g.
+    from :class:`rolloutpool.kube.pods.PodWatch`; a ``Synced`` event marks the end of
+    the initial listing, after which the session snapshot is restored.
+    """
+    service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
     app[ROUTER] = service
     add = app.router
@@ -187,7 +224,7 @@ def build_app(
     return app
 
 
-def run_router(config: RouterConfig) -> None:
+def run_router(config: RouterConfig, *, discovery: Discovery | None = None) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
         "Starting router host=%s port=%d replicas=%s admin=%s state=%s",
@@ -198,7 +235,7 @@ def run_router(config: RouterConfig) -> None:
         config.state_path,
     )
     web.run_app(
-        build_app(config),
+        build_app(config, discovery=discovery),
         host=config.host,
         port=config.port,
         shutdown_timeout=config.shutdown_timeout_s,

@@ -54,7 +54,9 @@ class RouterConfig:
     """Everything ``rolloutpool router`` (or a test) sets on one router."""
 
     replicas: tuple[ReplicaSpec, ...]
-    """The static replica list."""
+    """The static replica list (empty when replicas come from discovery)."""
+    discovery: bool = False
+    """Replicas are added and removed at run time by a discovery source (Kubernetes pods)."""
     host: str = "127.0.0.1"
     port: int = 8080
 
@@ -116,8 +118,8 @@ class RouterConfig:
     """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
 
     def __post_init__(self) -> None:
-        if not self.replicas:
-            raise ValueError("replicas: at least one replica is required")
+        if not self.replicas and not self.discovery:
+            raise ValueError("replicas: at least one replica is required (or discovery)")
         names = [r.name for r in self.replicas]
         if len(set(names)) != len(names):
             raise ValueError(f"replicas: duplicate names in {names}")

@@ -134,7 +134,9 @@ class Scraper:
 
     async def scrape(self, name: str) -> None:
         """Scrape one replica and apply the result."""
-        runtime = self.manager.runtime[name]
+        runtime = self.manager.runtime.get(name)
+        if runtime is None:
+            return
         timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
         try:
             async with self.client.get(f"{runtime.spec.url}/metrics", timeout=timeout) as resp:
@@ -142,6 +144,8 @@ class Scraper:
                     raise ValueError(f"status {resp.status}")
                 signals = parse_signals(await resp.text())
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
+            if self.manager.runtime.get(name) is not runtime:
+                return  # removed (or replaced) while we scraped
             runtime.scrape_failures += 1
             self.manager.metrics.scrape_failures.labels(name).inc()
             if runtime.scrape_failures == self.config.unready_after_failures:
@@ -153,6 +157,8 @@ class Scraper:
                 )
             if runtime.scrape_failures >= self.config.unready_after_failures:
                 self.manager.set_ready(name, False, reason="ScrapeFailed")
+            return
+        if self.manager.runtime.get(name) is not runtime:
             return
         runtime.scrape_failures = 0
         runtime.last_scrape = self.manager.clock()

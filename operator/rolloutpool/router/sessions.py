@@ -105,11 +105,37 @@ class SessionManager:
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of the session table (snapshots hook in here)."""
         for spec in config.replicas:
-            self.table.add_replica(spec.name, cap=resolve_cap(config, spec, capacity_tokens=None))
-            self.runtime[spec.name] = ReplicaRuntime(
-                spec=spec, pressure=PressureState(config.quarantine), block_size=config.default_block_size
-            )
+            self.add_replica(spec)
         metrics.watch(self._gauges, lambda: len(self._queue))
+
+    # -- membership ----------------------------------------------------------------------
+
+    def add_replica(self, spec: ReplicaSpec) -> None:
+        """Start placing on a replica; one known under another URL is replaced (a new pod)."""
+        known = self.runtime.get(spec.name)
+        if known is not None:
+            if known.spec.url == spec.url:
+                return
+            self.remove_replica(spec.name, reason="Replaced")
+        self.table.add_replica(spec.name, cap=resolve_cap(self.config, spec, capacity_tokens=None))
+        self.runtime[spec.name] = ReplicaRuntime(
+            spec=spec, pressure=PressureState(self.config.quarantine), block_size=self.config.default_block_size
+        )
+        _log.info("Added replica replica=%s url=%s", spec.name, spec.url)
+        self.admit_waiting()
+
+    def remove_replica(self, name: str, *, reason: str) -> list[str]:
+        """Stop placing on a replica; its sessions are dropped and re-placed on their next turn."""
+        if name not in self.runtime:
+            return []
+        lost = self.table.remove_replica(name)
+        del self.runtime[name]
+        for session_id in lost:
+            self._inflight.pop(session_id, None)
+            self.metrics.releases.labels("replica_lost").inc()
+        _log.info("Removed replica replica=%s reason=%s sessions=%d", name, reason, len(lost))
+        self.on_change()
+        return lost
 
     # -- views -----------------------------------------------------------------------
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 import aiohttp
 
-__all__ = ["ClientFactory", "Clock", "JSONObject"]
+from rolloutpool.routing.discovery import ReplicaEvent
+
+__all__ = ["ClientFactory", "Clock", "Discovery", "JSONObject"]
 
 JSONObject: TypeAlias = dict[str, Any]
 """A decoded JSON object (request or response body)."""
@@ -17,3 +19,6 @@ Clock: TypeAlias = Callable[[], float]
 
 ClientFactory: TypeAlias = Callable[[], aiohttp.ClientSession]
 """Builds the upstream HTTP client (the injectable transport); called once at startup."""
+
+Discovery: TypeAlias = Callable[[], AsyncIterator[ReplicaEvent]]
+"""Starts a discovery source; its events add and remove replicas at run time."""
