@@ -68,10 +68,9 @@ def test_idle_prefix_survives_until_pressure_then_lru_evicts_oldest_first() -> N
     b = hash_token_blocks(list(range(1000, 1080)), BS)  # 5 blocks
     for hashes in (a, b):
         assert pool.take_new(len(hashes))
-        for h in hashes:
-            pool.seal(h)
-    pool.release(a, 0)  # a finishes first
-    pool.release(b, 0)
+        pool.seal(hashes, 0, len(hashes))
+    pool.release(a, len(a), 0)  # a finishes first
+    pool.release(b, len(b), 0)
     assert pool.usage == 0.0
     assert all(pool.is_cached(h) for h in a + b)
     assert pool.take_new(10)  # the 10 never-used blocks go first
@@ -242,3 +241,154 @@ def test_binary_searched_hits_equal_a_linear_scan_under_churn() -> None:
             assert engine.pool.count_held(chain, len(chain)) == held
     assert engine.counters.preemptions > 0  # the churn did exercise preemption
     assert engine.pool.evictions > 0  # and eviction
+
+
+class _BlockByBlockPool:
+    """Reference model: the pool's semantics kept block by block (a ref dict, a free dict, runs of hashes)."""
+
+    def __init__(self, num_gpu_blocks: int) -> None:
+        self.capacity = num_gpu_blocks - 1
+        self.ref: dict[int, int] = {}
+        self.free: dict[int, list] = {}  # cached free block -> its run [hashes, next index to evict]
+        self.order: list[list] = [[None, self.capacity]]  # [None, count] or [hashes, hi]
+        self.uncached = self.capacity
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.uncached + len(self.free)
+
+    def count_hits(self, hashes: list[int], limit: int) -> int:
+        n = 0
+        while n < min(limit, len(hashes)) and (hashes[n] in self.ref or hashes[n] in self.free):
+            n += 1
+        return n
+
+    def count_held(self, hashes: list[int], limit: int) -> int:
+        n = 0
+        while n < min(limit, len(hashes)) and hashes[n] in self.ref:
+            n += 1
+        return n
+
+    def take_cached(self, hashes: list[int], n: int) -> None:
+        for h in hashes[:n]:
+            if h in self.free:
+                del self.free[h]
+            self.ref[h] = self.ref.get(h, 0) + 1
+
+    def take_new(self, n: int) -> bool:
+        if n > self.num_free:
+            return False
+        while n:
+            run = self.order[0]
+            if run[0] is None:
+                take = min(n, run[1])
+                run[1] -= take
+                self.uncached -= take
+                n -= take
+            elif run[1] > 0:
+                run[1] -= 1
+                h = run[0][run[1]]
+                if self.free.get(h) is run:
+                    del self.free[h]
+                    self.evictions += 1
+                    n -= 1
+            if run[1] == 0:
+                self.order.pop(0)
+        return True
+
+    def seal(self, hashes: list[int], start: int, end: int, hint: object = None) -> None:
+        for h in hashes[start:end]:
+            if h in self.ref or h in self.free:
+                self.free.pop(h, None)
+                self.ref[h] = self.ref.get(h, 0) + 1
+                self.uncached += 1
+                self.order.append([None, 1])
+            else:
+                self.ref[h] = 1
+
+    def release(self, hashes: list[int], n_hashed: int, n_private: int) -> None:
+        if n_private:
+            self.uncached += n_private
+            self.order.append([None, n_private])
+        freed = []
+        for h in hashes[:n_hashed]:
+            self.ref[h] -= 1
+            if not self.ref[h]:
+                del self.ref[h]
+                freed.append(h)
+        if freed:
+            run = [freed, len(freed)]
+            for h in freed:
+                self.free[h] = run
+            self.order.append(run)
+
+
+def _run_length_by_bisection(engine: Engine, max_steps: int) -> int:
+    """decode_run_length as first written: a binary search over _blocks_needed."""
+    running = engine.running
+    if not running or len(running) > engine.config.max_num_batched_tokens:
+        return 0
+    remaining = max_steps
+    for req in running:
+        if req.seq_len - req.num_computed != 1 or req.num_output == 0:
+            return 0
+        remaining = min(remaining, req.max_tokens - req.num_output, engine.config.max_model_len - req.seq_len)
+    free = engine.pool.num_free
+    if remaining < 1 or engine._admissible() or engine._blocks_needed(1) > free:
+        return 0
+    lo, hi = 1, remaining
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if engine._blocks_needed(mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_pool_matches_a_block_by_block_reference_under_churn(seed: int) -> None:
+    """Segments, splits and runs of segments evict, hit and share exactly like per-block bookkeeping."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    real = _engine(80, max_num_seqs=8, max_num_batched_tokens=200)
+    ref = _engine(80, max_num_seqs=8, max_num_batched_tokens=200)
+    ref.pool = _BlockByBlockPool(80)  # type: ignore[assignment]
+    chains: list[list[int]] = []
+    rid = 0
+    for _ in range(1500):
+        if rng.random() < 0.35:
+            rid += 1
+            base = rng.choice(chains) if chains and rng.random() < 0.8 else []
+            shared = base[: rng.randint(0, len(base))]  # continue or branch off a known chain
+            tokens = [rid * 7919 + i for i in range(rng.randint(1, 120))]
+            hashes = shared + hash_token_blocks(tokens, BS, parent=shared[-1] if shared else 0)
+            prompt_len = 16 * len(shared) + len(tokens)
+            if prompt_len < real.config.max_model_len:
+                max_tokens = rng.randint(1, 200)
+                out = hash_token_blocks([rid] * max_tokens, BS, parent=hashes[-1] if hashes else 0)
+                for engine in (real, ref):
+                    engine.add(Request(rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=hashes + out))
+                chains.append(hashes + out)
+        if not real.has_work:
+            continue
+        max_steps = rng.randint(1, 40)
+        k = real.decode_run_length(max_steps)
+        assert k == _run_length_by_bisection(real, max_steps)
+        if k:
+            a, b = real.decode_run(k), ref.decode_run(k)
+        else:
+            a, b = real.step(), ref.step()
+        assert [r.rid for r in a.finished] == [r.rid for r in b.finished]
+        assert [r.rid for r in a.preempted] == [r.rid for r in b.preempted]
+        assert a.duration == b.duration
+        assert real.pool.num_free == ref.pool.num_free
+        assert real.pool.evictions == ref.pool.evictions
+        for chain in rng.sample(chains, min(6, len(chains))):
+            assert real.pool.count_hits(chain, len(chain)) == ref.pool.count_hits(chain, len(chain))
+            assert real.pool.count_held(chain, len(chain)) == ref.pool.count_held(chain, len(chain))
+    assert real.counters == ref.counters
+    assert real.counters.preemptions > 0
+    assert real.pool.evictions > 0

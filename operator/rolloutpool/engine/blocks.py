@@ -8,11 +8,27 @@ preempted request's blocks are appended in reverse order, so its tail is evicted
 before its head (as vLLM's ``free_blocks`` does). Cached-but-free blocks count as
 free in :attr:`usage`, exactly as ``vllm:kv_cache_usage_perc`` counts them.
 
-The queue is stored as *runs*: one release appends one run (the blocks it freed, in
-eviction order) and uncached free blocks are runs of a count. Taking a cached block
-back removes it from its run's live count, so a run reclaimed whole (a rollout's
-context between two turns) costs nothing at eviction time. Per-block work happens in
-C (dict and map built-ins); the order of eviction is exactly block by block.
+Hash lists passed in are whole chains: ``hashes[i]`` is the block at depth ``i``.
+
+Representation (the semantics above are block by block; only the bookkeeping is
+grouped). A request holds a prefix of its chain, so a block's ref count (the number
+of requests holding it) never increases along a chain, and residency is
+prefix-closed. Resident blocks form a radix tree of *segments*: runs of consecutive
+blocks of one chain that share one ref count, each hanging off the segment it
+continues and keyed there by its first hash. Holding sets are then equal across a
+segment, so every request's held prefix ends on a segment boundary. Looking up a
+chain walks a few segments (one comparison each, or a binary search where the chain
+branches off inside one); taking a rollout's context back between two turns, or
+releasing it, touches a few segments, not a thousand blocks; sealing appends to the
+request's own tail segment; eviction truncates one. Segments split only where ref
+counts or chains come to differ, and a split keeps the deeper part in the original
+object (so the free queue and callers' hints stay valid).
+
+The free queue is a deque of *runs*: one release appends one run (the segments it
+freed, evicted from the deepest block up) and uncached free blocks are runs of a
+count. A segment knows the run it is free in; taking it back removes it from that
+run's live count, so a run reclaimed whole costs nothing at eviction time.
+``tests/test_engine.py`` drives this pool and a block-by-block reference in lockstep.
 
 One simplification, documented: when a request fills a block whose hash is already
 cached, vLLM keeps both physical copies until one is freed; here the request adopts
@@ -21,22 +37,61 @@ the cached block and returns its private copy at once. Both give the same hits.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 
 __all__ = ["BlockPool"]
 
 
 class _Run:
-    """Blocks freed together: ``hashes[lo:hi]`` evicted from ``hi - 1`` down, or ``count`` uncached blocks."""
+    """Blocks freed together: ``segs`` in chain order, evicted from the last one's tail; or ``count`` uncached."""
 
-    __slots__ = ("count", "hashes", "hi", "live", "lo")
+    __slots__ = ("count", "live", "segs")
 
-    def __init__(self, hashes: list[int] | None, lo: int, hi: int, count: int = 0) -> None:
+    def __init__(self, segs: list[_Seg] | None, count: int) -> None:
+        self.segs = segs
+        self.count = count  # uncached runs: blocks left
+        self.live = 0  # segment runs: cached blocks still free in this run
+
+
+class _Seg:
+    """Resident blocks ``hashes`` at depths ``depth, depth + 1, ...`` of one chain, all with ref count ``ref``.
+
+    A node of the radix tree: ``children`` are the segments that continue it, keyed
+    by their first block's hash; ``parent`` is the segment it continues.
+    """
+
+    __slots__ = ("children", "depth", "hashes", "parent", "ref", "run")
+
+    def __init__(self, depth: int, hashes: list[int], ref: int, parent: _Seg | None) -> None:
+        self.depth = depth
         self.hashes = hashes
-        self.lo = lo
-        self.hi = hi
-        self.count = count
-        self.live = hi - lo if hashes is not None else count
+        self.ref = ref
+        self.parent = parent
+        self.children: dict[int, _Seg] = {}
+        self.run: _Run | None = None  # the run it is free in (ref 0), else None
+
+
+def _shared_end(seg: _Seg, hashes: list[int], limit: int) -> int:
+    """Depth up to which the chain ``hashes[:limit]`` runs through ``seg`` (which holds ``hashes[seg.depth]``).
+
+    A segment is one chain, and a chain hash fixes every block before it, so the
+    chain follows the segment exactly up to the last depth where both agree: one
+    comparison when it follows the segment to its end or to ``limit``, otherwise a
+    binary search for the branch point.
+    """
+    depth, blocks = seg.depth, seg.hashes
+    hi = min(len(blocks), limit - depth)
+    if blocks[hi - 1] == hashes[depth + hi - 1]:
+        return depth + hi
+    lo = 1  # blocks[:lo] agree, blocks[hi - 1] does not
+    hi -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if blocks[mid - 1] == hashes[depth + mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return depth + lo
 
 
 class BlockPool:
@@ -48,10 +103,10 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.block_size = block_size
         self.capacity = num_gpu_blocks - 1
-        self._order: deque[_Run] = deque([_Run(None, 0, 0, count=self.capacity)])
-        self._free: dict[int, _Run] = {}  # cached free block -> the run it sits in
+        self._order: deque[_Run] = deque([_Run(None, self.capacity)])
+        self._root = _Seg(0, [], 0, None)  # empty: its children start chains
         self._uncached = self.capacity
-        self._ref: dict[int, int] = {}
+        self._cached_free = 0
         self.evictions = 0
         """Cached blocks whose hash was evicted to make room (cumulative)."""
 
@@ -60,7 +115,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks a request could take now (uncached or cached-but-unreferenced)."""
-        return self._uncached + len(self._free)
+        return self._uncached + self._cached_free
 
     @property
     def num_used(self) -> int:
@@ -73,132 +128,212 @@ class BlockPool:
         return self.num_used / self.capacity
 
     def is_cached(self, block_hash: int) -> bool:
-        """Whether a block with this hash is resident (held or free)."""
-        return block_hash in self._ref or block_hash in self._free
+        """Whether a block with this hash is resident (held or free). Scans the cache: for tests and diagnostics."""
+        return any(block_hash in seg.hashes for seg in self._segments())
 
     def is_held(self, block_hash: int) -> bool:
-        """Whether a request holds the block with this hash (taking it frees nothing)."""
-        return block_hash in self._ref
+        """Whether a request holds the block with this hash. Scans the cache: for tests and diagnostics."""
+        return any(seg.ref and block_hash in seg.hashes for seg in self._segments())
 
     def count_hits(self, hashes: list[int], limit: int) -> int:
-        """Leading blocks of ``hashes[:limit]`` resident in the cache (binary search).
+        """Leading blocks of ``hashes[:limit]`` resident in the cache (a walk down the tree).
 
         Residency is prefix-closed along a chain: a request holding block ``i`` holds
         every block before it, so a block is freed no earlier than its descendants
         and, with tail-first release into an LRU queue, evicted no earlier either.
-        ``tests/test_engine.py`` checks the search against a linear scan.
+        ``tests/test_engine.py`` checks the walk against a linear scan.
         """
-        ref, free = self._ref, self._free
-        lo, hi = 0, min(limit, len(hashes))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            h = hashes[mid - 1]
-            if h in ref or h in free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        limit = min(limit, len(hashes))
+        depth, node = 0, self._root
+        while depth < limit:
+            seg = node.children.get(hashes[depth])
+            if seg is None:
+                return depth
+            depth = _shared_end(seg, hashes, limit)
+            if depth < seg.depth + len(seg.hashes):
+                return depth
+            node = seg
+        return depth
 
     def count_held(self, hashes: list[int], limit: int) -> int:
-        """Leading blocks of ``hashes[:limit]`` held by some request (binary search, prefix-closed)."""
-        ref = self._ref
-        lo, hi = 0, min(limit, len(hashes))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in ref:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """Leading blocks of ``hashes[:limit]`` held by some request (prefix-closed, like residency)."""
+        limit = min(limit, len(hashes))
+        depth, node = 0, self._root
+        while depth < limit:
+            seg = node.children.get(hashes[depth])
+            if seg is None or not seg.ref:
+                return depth
+            depth = _shared_end(seg, hashes, limit)
+            if depth < seg.depth + len(seg.hashes):
+                return depth
+            node = seg
+        return depth
 
     # -- mutation ---------------------------------------------------------------------
 
-    def take_cached(self, hashes: list[int], held: int | None = None) -> None:
-        """Reference resident blocks that :meth:`count_hits` found; ``held`` of them are held already."""
-        if held is None:
-            held = self.count_held(hashes, len(hashes))
-        ref = self._ref
-        if held:
-            ref.update({h: ref[h] + 1 for h in hashes[:held]})
-        reclaimed = hashes[held:]
-        if reclaimed:
-            free = self._free
-            run = free[reclaimed[0]]
-            if run.live == len(reclaimed) and free[reclaimed[-1]] is run:
-                # a whole run taken back (a rollout's context between turns): the run's
-                # live blocks are exactly these, since they are its only free blocks
-                deque(map(free.pop, reclaimed), maxlen=0)
-                run.live = 0
-            else:
-                for owner, n in Counter(map(free.pop, reclaimed)).items():
-                    owner.live -= n
-            ref.update(dict.fromkeys(reclaimed, 1))
+    def take_cached(self, hashes: list[int], n: int) -> None:
+        """Reference the resident blocks ``hashes[:n]`` (a chain's first blocks, as :meth:`count_hits` found)."""
+        depth, node = 0, self._root
+        while depth < n:
+            seg = node.children[hashes[depth]]
+            stop = _shared_end(seg, hashes, n)
+            if stop < seg.depth + len(seg.hashes):  # the hit ends, or this chain branches off, inside
+                seg = self._split(seg, stop)
+            if not seg.ref:
+                self._reclaim(seg)
+            seg.ref += 1
+            depth, node = stop, seg
 
     def take_new(self, n: int) -> bool:
         """Take ``n`` private (unhashed) blocks, evicting LRU cached blocks; False if too few."""
         if n > self.num_free:
             return False
-        order, free = self._order, self._free
+        order = self._order
         while n:
             run = order[0]
-            if run.hashes is None:
+            segs = run.segs
+            if segs is None:
                 take = min(n, run.count)
                 run.count -= take
                 self._uncached -= take
                 n -= take
-                if run.count == 0:
+                if not run.count:
                     order.popleft()
                 continue
-            if run.live == 0:
+            if not run.live:
                 order.popleft()
                 continue
-            run.hi -= 1
-            h = run.hashes[run.hi]
-            if free.get(h) is run:
-                del free[h]
-                run.live -= 1
-                self.evictions += 1
-                n -= 1
+            seg = segs[-1]
+            if seg.run is not run:  # taken back since (or emptied): no longer in this run
+                segs.pop()
+                continue
+            n -= self._evict(seg, min(n, len(seg.hashes)))
+            if not seg.hashes:
+                segs.pop()
         return True
 
-    def seal(self, block_hash: int) -> None:
-        """A private block just became full with ``block_hash``: make it shareable."""
-        if block_hash in self._ref:
-            self._ref[block_hash] += 1
-            self._return_uncached(1)
-        elif block_hash in self._free:
-            self._free.pop(block_hash).live -= 1
-            self._ref[block_hash] = 1
-            self._return_uncached(1)
-        else:
-            self._ref[block_hash] = 1
+    def seal(self, hashes: list[int], start: int, end: int, hint: object = None) -> object:
+        """A request holding ``hashes[:start]`` just filled private blocks ``start..end-1``: make them shareable.
 
-    def release(self, hashes: list[int], n_private: int) -> None:
-        """Drop a request's blocks: private tail first, then hashed blocks tail to head.
+        A block whose hash is already cached is adopted (its private copy returns to
+        the free queue); the others become resident, extending the request's tail
+        segment when it holds that alone and nothing continues it. Returns a hint for
+        the request's next call (its tail segment: a split keeps the deeper part in
+        the same object, so the hint stays good while the request holds it).
+        """
+        node, depth = self._root, 0
+        tail = hint if isinstance(hint, _Seg) and hint.hashes else None
+        if tail is not None and tail.depth + len(tail.hashes) == start and tail.hashes[-1] == hashes[start - 1]:
+            node, depth = tail, start  # still the segment that ends with our last block
+        while depth < start:  # down the request's held segments (they end on its boundary)
+            node = node.children[hashes[depth]]
+            depth = node.depth + len(node.hashes)
+        adopted = 0
+        while depth < end:
+            seg = node.children.get(hashes[depth])
+            if seg is None:  # this block and (prefix-closed) all after it are new
+                new = hashes[depth:end]
+                if node.ref == 1 and not node.children:
+                    node.hashes.extend(new)
+                else:
+                    child = _Seg(depth, new, 1, node)
+                    node.children[new[0]] = child
+                    node = child
+                break
+            stop = _shared_end(seg, hashes, end)
+            if stop < seg.depth + len(seg.hashes):
+                seg = self._split(seg, stop)
+            if not seg.ref:
+                self._reclaim(seg)
+            seg.ref += 1
+            adopted += stop - depth
+            depth, node = stop, seg
+        self._return_uncached(adopted)
+        return node
+
+    def release(self, hashes: list[int], n_hashed: int, n_private: int) -> None:
+        """Drop a request's blocks (``hashes[:n_hashed]`` and ``n_private``): private first, then hashed tail to head.
 
         Ref counts are non-increasing along a chain, so the blocks this release frees
-        are a suffix, found by binary search; the rest are decremented in bulk.
+        are a suffix of whole segments; they form one run of the free queue.
         """
         self._return_uncached(n_private)
-        if not hashes:
-            return
-        ref = self._ref
-        lo, hi = 0, len(hashes)  # first index whose ref count is 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ref[hashes[mid]] > 1:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo:
-            ref.update({h: ref[h] - 1 for h in hashes[:lo]})
-        if lo < len(hashes):
-            deque(map(ref.pop, hashes[lo:]), maxlen=0)  # delete in C
-            run = _Run(hashes, lo, len(hashes))
-            self._free.update(dict.fromkeys(hashes[lo:], run))
+        freed: list[_Seg] = []
+        depth, node = 0, self._root
+        while depth < n_hashed:
+            node = node.children[hashes[depth]]
+            node.ref -= 1
+            if not node.ref:
+                freed.append(node)
+            depth = node.depth + len(node.hashes)
+        if freed:
+            run = _Run(freed, 0)
+            total = 0
+            for seg in freed:
+                seg.run = run
+                total += len(seg.hashes)
+            run.live = total
+            self._cached_free += total
             self._order.append(run)
+
+    # -- segments -----------------------------------------------------------------------
+
+    def _segments(self) -> list[_Seg]:
+        out, stack = [], list(self._root.children.values())
+        while stack:
+            seg = stack.pop()
+            out.append(seg)
+            stack.extend(seg.children.values())
+        return out
+
+    def _split(self, seg: _Seg, depth: int) -> _Seg:
+        """Cut ``seg`` at ``depth``; return the new head (``seg`` keeps the tail, its children and its run)."""
+        k = depth - seg.depth
+        parent = seg.parent
+        if parent is None:  # pragma: no cover - only the root has no parent, and it is never split
+            raise RuntimeError("cannot split the root")
+        head = _Seg(seg.depth, seg.hashes[:k], seg.ref, parent)
+        head.run = seg.run
+        parent.children[head.hashes[0]] = head
+        seg.hashes = seg.hashes[k:]
+        seg.depth = depth
+        seg.parent = head
+        head.children[seg.hashes[0]] = seg
+        return head
+
+    def _reclaim(self, seg: _Seg) -> None:
+        """A free segment is referenced again: it leaves its run."""
+        n = len(seg.hashes)
+        if seg.run is not None:
+            seg.run.live -= n
+            seg.run = None
+        self._cached_free -= n
+
+    def _evict(self, seg: _Seg, k: int) -> int:
+        """Evict the deepest ``k`` blocks of a free segment (nothing continues it: residency is prefix-closed)."""
+        if seg.children:  # pragma: no cover - would contradict prefix-closed residency
+            raise RuntimeError("evicting blocks that cached blocks continue")
+        hashes = seg.hashes
+        if k == len(hashes):
+            if seg.parent is not None:
+                del seg.parent.children[hashes[0]]
+            seg.hashes = []
+            if seg.run is not None:
+                seg.run.live -= k
+            seg.run = seg.parent = None
+        else:
+            del hashes[len(hashes) - k :]
+            if seg.run is not None:
+                seg.run.live -= k
+        self._cached_free -= k
+        self.evictions += k
+        return k
 
     def _return_uncached(self, n: int) -> None:
         if n:
             self._uncached += n
-            self._order.append(_Run(None, 0, 0, count=n))
+            last = self._order[-1] if self._order else None
+            if last is not None and last.segs is None:
+                last.count += n  # adjacent uncached runs are one run
+            else:
+                self._order.append(_Run(None, n))

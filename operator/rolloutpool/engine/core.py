@@ -67,6 +67,7 @@ class Request:
         "n_private",
         "num_computed",
         "num_output",
+        "pool_hint",
         "preemptions",
         "prompt_len",
         "rid",
@@ -94,6 +95,8 @@ class Request:
         self.scheduled_once = False
         self.first_token_step = False
         self.finish_reason: str | None = None
+        self.pool_hint: object = None
+        """The pool's hint for this request's next seal (opaque)."""
 
     @property
     def seq_len(self) -> int:
@@ -214,12 +217,11 @@ class Engine:
             hit_tokens = hits * bs
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
-            hit_hashes = req.hashes[:hits]
-            held = pool.count_held(hit_hashes, hits)
+            held = pool.count_held(req.hashes, hits)
             if need > pool.num_free - (hits - held):
                 break  # head-of-line blocking
             self.waiting.popleft()
-            pool.take_cached(hit_hashes, held)
+            pool.take_cached(req.hashes, hits)
             pool.take_new(need)
             req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
             self.counters.prefix_queries += total
@@ -268,6 +270,11 @@ class Engine:
 
         True when every running request is decoding, nobody can be admitted, and blocks
         suffice; the run ends at the first finish (included) or before a block shortage.
+
+        The block limit is closed form: a request with ``c`` computed tokens holds
+        ``ceil(c / bs)`` blocks and needs a new one at steps ``a + 1``, ``a + 1 + bs``,
+        ... where ``a = bs - 1 - (c - 1) % bs``, so ``s = q * bs + t`` steps cost
+        ``batch * q`` blocks plus one per request with ``(c - 1) % bs >= bs - t``.
         """
         running = self.running
         if not running or max_steps < 1:
@@ -276,46 +283,72 @@ class Engine:
             return 0
         remaining = max_steps
         model_len = self.config.max_model_len
+        bs = self._bs
+        phases: list[int] = []
         for req in running:
-            if req.seq_len - req.num_computed != 1 or req.num_output == 0:
+            computed = req.num_computed
+            seq_len = req.prompt_len + req.num_output
+            if seq_len - computed != 1 or req.num_output == 0:
                 return 0
-            left = min(req.max_tokens - req.num_output, model_len - req.seq_len)
+            left = min(req.max_tokens - req.num_output, model_len - seq_len)
             remaining = min(remaining, left)
+            phases.append((computed - 1) % bs)
         if remaining < 1 or self._admissible():
             return 0
-        free = self.pool.num_free
-        if self._blocks_needed(1) > free:
-            return 0
-        lo, hi = 1, remaining
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._blocks_needed(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        # the largest s with _blocks_needed(s) <= free: whole cycles of bs steps cost
+        # one block per request; the leftover blocks cover the `spare` requests whose
+        # next block comes soonest (largest phase)
+        cycles, spare = divmod(self.pool.num_free, len(running))
+        phases.sort(reverse=True)
+        steps = cycles * bs + bs - 1 - phases[spare]
+        return min(remaining, steps) if steps >= 1 else 0
 
     def decode_run_seconds(self, steps: int) -> float:
         """Duration of the first ``steps`` steps of a decode run (pure arithmetic)."""
         kv_now = sum(r.num_computed for r in self.running)
         return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=kv_now)
 
+    def decode_steps_within(self, seconds: float, max_steps: int) -> int:
+        """The most steps (up to ``max_steps``, at least 0) of a decode run that end by ``seconds`` (binary search)."""
+        kv_now = sum(r.num_computed for r in self.running)
+        batch = len(self.running)
+        run_seconds = self.config.cost.decode_run_seconds
+        lo, hi = 0, max_steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if run_seconds(steps=mid, batch=batch, kv_tokens_read=kv_now) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def decode_run(self, steps: int) -> StepOutcome:
         """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
         duration = self.decode_run_seconds(steps)
-        need = self._blocks_needed(steps)
+        running = self.running
+        bs, model_len, seal = self._bs, self.config.max_model_len, self.pool.seal
+        need = 0  # _blocks_needed(steps), inlined
+        for req in running:
+            need += -(-(req.num_computed + steps) // bs) - req.n_hashed - req.n_private
         if not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
             raise RuntimeError("decode_run asked for more steps than blocks allow")
-        bs = self._bs
         finished: list[Request] = []
-        for req in self.running:
-            req.n_private += _ceil_div(req.num_computed + steps, bs) - req.held_blocks
-            req.num_computed += steps
+        for req in running:  # the loop of step() and _seal/_done, inlined: this is the hot path
+            computed = req.num_computed + steps
+            req.num_computed = computed
             req.num_output += steps
-            self._seal(req)
-            if self._done(req):
+            full = min(computed // bs, len(req.hashes))
+            if req.n_hashed < full:
+                req.pool_hint = seal(req.hashes, req.n_hashed, full, req.pool_hint)
+                req.n_hashed = full
+            req.n_private = -(-computed // bs) - full
+            if req.num_output >= req.max_tokens:
+                req.finish_reason = "stop"
                 finished.append(req)
-        generated = steps * len(self.running)
+            elif req.prompt_len + req.num_output >= model_len:
+                req.finish_reason = "length"
+                finished.append(req)
+        generated = steps * len(running)
         self._finish(finished)
         self.counters.generation_tokens += generated
         self.counters.steps += steps
@@ -344,11 +377,10 @@ class Engine:
 
     def _seal(self, req: Request) -> None:
         full = min(req.num_computed // self._bs, len(req.hashes))
-        pool = self.pool
-        while req.n_hashed < full:
-            pool.seal(req.hashes[req.n_hashed])
-            req.n_hashed += 1
-            req.n_private -= 1
+        if req.n_hashed < full:
+            req.pool_hint = self.pool.seal(req.hashes, req.n_hashed, full, req.pool_hint)
+            req.n_private -= full - req.n_hashed
+            req.n_hashed = full
 
     def _done(self, req: Request) -> bool:
         if req.num_output >= req.max_tokens:
@@ -372,7 +404,7 @@ class Engine:
                 self.counters.finished_length += 1
 
     def _free(self, req: Request) -> None:
-        self.pool.release(req.hashes[: req.n_hashed], req.n_private)
+        self.pool.release(req.hashes, req.n_hashed, req.n_private)
         req.n_hashed = req.n_private = 0
 
     def _preempt(self, req: Request) -> None:

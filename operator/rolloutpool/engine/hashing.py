@@ -65,11 +65,11 @@ class SegmentChain:
                 self.hashes.append(self._parent)
                 self._pending = []
                 self._pending_len = 0
-        parent, hashes = self._parent, self.hashes
-        while n_tokens - offset >= bs:  # whole blocks inside this segment
-            parent = hash((parent, segment_id, offset)) & MASK
-            hashes.append(parent)
-            offset += bs
+        parent = self._parent
+        whole = range(offset, n_tokens - bs + 1, bs)  # whole blocks inside this segment
+        # each block's hash chains on the previous one: the walrus carries it along
+        self.hashes += [parent := hash((parent, segment_id, start)) & MASK for start in whole]
+        offset += len(whole) * bs
         self._parent = parent
         if offset < n_tokens:
             self._pending = [(segment_id, offset, n_tokens)]

@@ -65,7 +65,6 @@ class _Traj:
     replica: str | None = None
     prev_replica: str | None = None
     prev_context: int = 0
-    out_chain: SegmentChain | None = None
 
 
 @dataclass
@@ -230,13 +229,14 @@ class _Fleet:
         max_len = self.cfg.scenario.max_model_len
         prompt_len = traj.chain.length
         max_tokens = min(traj.plan.actions[traj.turn], max_len - prompt_len)
-        out_chain = traj.chain.copy()
-        out_chain.extend(_SEGMENT_BASE + traj.plan.index * 256 + traj.turn * 2, max_tokens)
-        traj.out_chain = out_chain
+        # the turn's output extends the chain in place and the request reads the chain's
+        # own hash list: nothing reads the chain again until the turn completes, and
+        # the list only grows (by the next observation) after the request is done
+        traj.chain.extend(_SEGMENT_BASE + traj.plan.index * 256 + traj.turn * 2, max_tokens)
         traj.replica = replica
         self._rid += 1
         request = Request(
-            self._rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=out_chain.hashes, tag=traj.plan.index
+            self._rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=traj.chain.hashes, tag=traj.plan.index
         )
         self.table.replicas[replica].inflight += 1
         self._enqueue(replica, request)
@@ -260,9 +260,6 @@ class _Fleet:
         session = self.table.lookup(str(traj.plan.index))
         if session is not None:
             session.context_tokens = req.seq_len
-        if traj.out_chain is None:  # pragma: no cover - set by _submit
-            raise RuntimeError(f"trajectory {traj.plan.index} completed a turn it never submitted")
-        traj.chain = traj.out_chain
         traj.turn += 1
         plan = traj.plan
         max_len = self.cfg.scenario.max_model_len
@@ -300,15 +297,7 @@ class _Fleet:
 
     def _cut_run(self, driver: _Driver) -> None:
         engine = driver.engine
-        elapsed = self.now - driver.run_start
-        lo, hi = 0, driver.run_steps - 1  # largest j with run_seconds(j) <= elapsed
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if engine.decode_run_seconds(mid) <= elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        steps = lo + 1
+        steps = engine.decode_steps_within(self.now - driver.run_start, driver.run_steps - 1) + 1
         if steps >= driver.run_steps:
             return
         end = driver.run_start + engine.decode_run_seconds(steps)
