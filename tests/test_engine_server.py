@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.engine.server import ServerConfig, build_app
 from rolloutpool.engine.tokenizer import detokenize, generate_ids, render_chat, tokenize
+from routerkit import sse
 
 FAST = 1000.0
 BS = 16
@@ -62,19 +62,6 @@ async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
                     key += f"[{s.labels[label]}]"
             values[key] = s.value
     return {"values": values, "families": families, "text": text}
-
-
-async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    """Payloads of an SSE stream, ``"[DONE]"`` kept as a string."""
-    events: list[Any] = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        payload = line.removeprefix("data: ")
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
 
 
 WORDS = ["the", "agent", "reads", "the", "tool", "output", "and", "decides", "what", "to", "call", "next", ","]
