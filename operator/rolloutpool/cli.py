@@ -16,6 +16,7 @@ from rich.table import Table
 
 from rolloutpool.api import RolloutPool
 from rolloutpool.api.crd import render_crd
+from rolloutpool.bench.cli_command import bench_command
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
 from rolloutpool.planner import PlanInputs, plan_rows
 
@@ -378,6 +379,9 @@ def simulate(
     (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))
     written = [] if no_plots else write_plots(runs, out_dir)
     _console.print(f"Wrote {out_dir / 'results.json'}, {out_dir / 'results.md'}" + "".join(f", {p}" for p in written))
+
+
+main.add_command(bench_command)
 
 
 @main.group()

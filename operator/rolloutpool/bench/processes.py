@@ -1,0 +1,177 @@
+"""Child processes of the benchmark: free loopback ports, readiness waits, guaranteed cleanup.
+
+Every child runs in its own session (process group), so stopping it also stops
+whatever it spawned. :class:`ProcessSet` is a context manager: leaving it for any
+reason (an exception, Ctrl-C, the end of a phase) terminates every group it started,
+newest first, with SIGTERM, then SIGKILL after a grace period. An ``atexit`` hook
+is the last safety net for groups still alive when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+__all__ = [
+    "LOOPBACK",
+    "ManagedProcess",
+    "ProcessSet",
+    "ReadinessError",
+    "free_port",
+    "pid_alive",
+    "rolloutpool_argv",
+]
+
+LOOPBACK = "127.0.0.1"
+"""The only address the benchmark binds or connects to."""
+
+_LIVE: dict[int, ManagedProcess] = {}
+
+
+class ReadinessError(RuntimeError):
+    """A child did not become ready in time (or exited first)."""
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def rolloutpool_argv(*args: str) -> list[str]:
+    """The command line running ``rolloutpool ARGS`` with this interpreter."""
+    return [sys.executable, "-c", "from rolloutpool.cli import main; main()", *args]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie of ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):  # pragma: no cover - no procfs
+        return True
+
+
+@dataclass
+class ManagedProcess:
+    """One child process group, its readiness URL and its log file."""
+
+    name: str
+    argv: list[str]
+    ready_url: str
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """The child's pid (also its process-group id)."""
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.popen.pid
+
+    def start(self) -> None:
+        """Start the child in its own session, output to its log file."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _LIVE[self.popen.pid] = self
+
+    def wait_ready(self, *, timeout_s: float, interval_s: float = 0.1) -> None:
+        """Poll ``ready_url`` until it answers 200; ``ReadinessError`` on exit or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.popen is None or self.popen.poll() is not None:
+                code = None if self.popen is None else self.popen.returncode
+                raise ReadinessError(f"{self.name} exited with code {code} before it was ready; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.ready_url, timeout=2.0) as response:  # noqa: S310 - our http URL
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ReadinessError(f"{self.name} was not ready at {self.ready_url} after {timeout_s:.0f} s")
+            time.sleep(interval_s)
+
+    def stop(self, *, grace_s: float = 5.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, reap the child; idempotent."""
+        popen = self.popen
+        if popen is not None:
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(popen.pid, sig)
+                try:
+                    popen.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            # the leader is gone; make sure nothing else of its group survives
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            _LIVE.pop(popen.pid, None)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class ProcessSet:
+    """Children started together and stopped together (newest first) when the block ends."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.processes: list[ManagedProcess] = []
+
+    def start(self, name: str, argv: list[str], *, ready_url: str, timeout_s: float = 60.0) -> ManagedProcess:
+        """Start one child and wait until it is ready."""
+        process = ManagedProcess(name=name, argv=argv, ready_url=ready_url, log_path=self.log_dir / f"{name}.log")
+        self.processes.append(process)
+        process.start()
+        process.wait_ready(timeout_s=timeout_s)
+        return process
+
+    @property
+    def pids(self) -> list[int]:
+        """Pids of every child started (alive or not)."""
+        return [p.pid for p in self.processes if p.popen is not None]
+
+    def stop_all(self) -> None:
+        """Stop every child, newest first."""
+        for process in reversed(self.processes):
+            process.stop()
+
+    def __enter__(self) -> ProcessSet:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop_all()
+
+
+@atexit.register
+def _stop_leftovers() -> None:  # pragma: no cover - only runs when a caller forgot a ProcessSet
+    for process in list(_LIVE.values()):
+        process.stop(grace_s=1.0)
