@@ -143,25 +143,19 @@ class BlockPool:
         and, with tail-first release into an LRU queue, evicted no earlier either.
         ``tests/test_engine.py`` checks the walk against a linear scan.
         """
-        limit = min(limit, len(hashes))
-        depth, node = 0, self._root
-        while depth < limit:
-            seg = node.children.get(hashes[depth])
-            if seg is None:
-                return depth
-            depth = _shared_end(seg, hashes, limit)
-            if depth < seg.depth + len(seg.hashes):
-                return depth
-            node = seg
-        return depth
+        return self._leading(hashes, limit, held_only=False)
 
     def count_held(self, hashes: list[int], limit: int) -> int:
         """Leading blocks of ``hashes[:limit]`` held by some request (prefix-closed, like residency)."""
+        return self._leading(hashes, limit, held_only=True)
+
+    def _leading(self, hashes: list[int], limit: int, *, held_only: bool) -> int:
+        """Walk the segment tree along ``hashes``: how many leading blocks are resident (or held)."""
         limit = min(limit, len(hashes))
         depth, node = 0, self._root
         while depth < limit:
             seg = node.children.get(hashes[depth])
-            if seg is None or not seg.ref:
+            if seg is None or (held_only and not seg.ref):
                 return depth
             depth = _shared_end(seg, hashes, limit)
             if depth < seg.depth + len(seg.hashes):
