@@ -44,3 +44,18 @@ def test_default_port_when_no_named_port() -> None:
         "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
     }
     assert replica_event("ADDED", pod, default_port=8000).url == "http://10.0.0.1:8000"
+
+
+def test_operator_limits_from_status_and_combined_caps() -> None:
+    from rolloutpool.routing.discovery import OperatorLimit, combined_cap, operator_limits  # noqa: PLC0415
+
+    pool = {
+        "status": {"replicaStatus": [{"name": "a", "index": 0, "cap": 4, "quarantined": True, "reason": "Evicting"}]}
+    }
+    assert operator_limits(pool) == {"a": OperatorLimit(4, True, "Evicting")}
+    assert operator_limits({"status": {"replicaStatus": [{"name": "a"}]}}) == {}  # unparsable: no limits
+    assert operator_limits({}) == {}
+    assert combined_cap(None, None) is None
+    assert combined_cap(5, None) == 5
+    assert combined_cap(None, 3) == 3
+    assert combined_cap(5, 3) == 3

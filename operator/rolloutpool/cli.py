@@ -209,6 +209,9 @@ def engine_sim(
     "--discover-selector", default=None, help="Label selector of the engine pods (with --discover-namespace)."
 )
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Default: in-cluster config.")
+@click.option(
+    "--pool", default=None, help="RolloutPool (in --discover-namespace) whose status caps and quarantine apply."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
@@ -228,6 +231,7 @@ def router_command(
     discover_namespace: str | None,
     discover_selector: str | None,
     kubeconfig: str | None,
+    pool: str | None,
     host: str,
     port: int,
     cap: int | None,
@@ -273,12 +277,17 @@ def router_command(
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if discover_namespace is None:
+        if pool is not None:
+            raise click.UsageError("--pool needs --discover-namespace")
         run_router(config)
         return
     from rolloutpool.kube.pods import PodWatch, api_client  # noqa: PLC0415
+    from rolloutpool.kube.pools import PoolWatch  # noqa: PLC0415
 
-    pods = PodWatch(api_client(kubeconfig), namespace=discover_namespace, selector=discover_selector or "")
-    run_router(config, discovery=pods.events)
+    api = api_client(kubeconfig)
+    pods = PodWatch(api, namespace=discover_namespace, selector=discover_selector or "")
+    limits = PoolWatch(api, namespace=discover_namespace, name=pool).events if pool else None
+    run_router(config, discovery=pods.events, limits=limits)
 
 
 @main.command()

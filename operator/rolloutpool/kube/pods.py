@@ -1,27 +1,16 @@
-"""Watch the pods of a pool and report replica events (kubernetes client, in a thread).
-
-The synchronous kubernetes client runs in one daemon thread per watch: it lists the
-pods matching a label selector, then watches from that resource version, restarting
-on expiry (410) or a dropped stream. Events cross to the event loop through
-``loop.call_soon_threadsafe``; :meth:`PodWatch.stop` ends the stream promptly.
-"""
+"""Watch the engine pods of a pool and report replica events."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import threading
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client, config
 
+from rolloutpool.kube.watch import ThreadWatch
 from rolloutpool.routing.discovery import ReplicaEvent, replica_event
 
 __all__ = ["PodWatch", "api_client"]
-
-_log = logging.getLogger(__name__)
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -32,8 +21,14 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient()
 
 
-class PodWatch:
-    """Replica events for the pods matching ``selector`` in ``namespace``."""
+class PodWatch(ThreadWatch[ReplicaEvent]):
+    """Replica events for the pods matching ``selector`` in ``namespace``.
+
+    A full listing reports every pod, a deletion for each pod that vanished since the
+    previous listing, then ``Synced``.
+    """
+
+    what = "pods"
 
     def __init__(
         self,
@@ -45,89 +40,28 @@ class PodWatch:
         default_port: int = 8000,
         timeout_seconds: int = 60,
     ) -> None:
+        super().__init__(api, timeout_seconds=timeout_seconds)
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.selector = selector
         self.port_name = port_name
         self.default_port = default_port
-        self.timeout_seconds = timeout_seconds
-        self._stop = threading.Event()
-        self._watch: watch.Watch | None = None
-        self._thread: threading.Thread | None = None
+        self._known: set[str] = set()
 
-    def stop(self) -> None:
-        """End the watch thread (returns at once; the thread exits within a moment)."""
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
+    def list_call(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return self.core.list_namespaced_pod, (self.namespace,), {"label_selector": self.selector}
 
-    def join(self, timeout: float) -> bool:
-        """Wait for the watch thread to end after :meth:`stop`; returns whether it did."""
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+    def _event(self, event_type: str, pod: dict[str, Any]) -> ReplicaEvent:
+        return replica_event(event_type, pod, port_name=self.port_name, default_port=self.default_port)
 
-    async def events(self) -> AsyncIterator[ReplicaEvent]:
-        """Replica events until :meth:`stop`; the first ones describe every existing pod."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[ReplicaEvent | None] = asyncio.Queue()
+    def on_list(self, objects: list[dict[str, Any]]) -> list[ReplicaEvent]:
+        events = [self._event("ADDED", pod) for pod in objects]
+        listed = {e.name for e in events}
+        events += [ReplicaEvent(gone, None, False, "Deleted") for gone in sorted(self._known - listed)]
+        self._known = listed
+        return [*events, ReplicaEvent("", None, False, "Synced")]
 
-        def emit(event: ReplicaEvent | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-
-        self._thread = threading.Thread(target=self._run, args=(emit,), name="pod-watch", daemon=True)
-        self._thread.start()
-        try:
-            while (event := await queue.get()) is not None:
-                yield event
-        finally:
-            self.stop()
-
-    def _convert(self, event_type: str, pod: Any) -> ReplicaEvent:
-        data = pod if isinstance(pod, dict) else self.core.api_client.sanitize_for_serialization(pod)
-        return replica_event(event_type, data, port_name=self.port_name, default_port=self.default_port)
-
-    def _run(self, emit: Any) -> None:
-        resource_version: str | None = None
-        known: set[str] = set()
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    pods: Any = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
-                    resource_version = pods.metadata.resource_version
-                    listed: set[str] = set()
-                    for pod in pods.items:
-                        listed.add(pod.metadata.name)
-                        emit(self._convert("ADDED", pod))
-                    for gone in sorted(known - listed):  # deleted while we were not watching
-                        emit(ReplicaEvent(gone, None, False, "Deleted"))
-                    known = listed
-                    emit(ReplicaEvent("", None, False, "Synced"))
-                self._watch = watch.Watch()
-                for raw in self._watch.stream(
-                    self.core.list_namespaced_pod,
-                    self.namespace,
-                    label_selector=self.selector,
-                    resource_version=resource_version,
-                    timeout_seconds=self.timeout_seconds,
-                ):
-                    if self._stop.is_set():
-                        break
-                    pod = raw["object"]
-                    resource_version = pod.metadata.resource_version
-                    event = self._convert(raw["type"], pod)
-                    (known.discard if raw["type"] == "DELETED" else known.add)(event.name)
-                    emit(event)
-            except ApiException as exc:
-                if exc.status == 410:  # resource version too old: list again
-                    resource_version = None
-                    continue
-                _log.warning("Failed to watch pods namespace=%s status=%s", self.namespace, exc.status)
-                self._stop.wait(2.0)
-            except Exception as exc:  # a dropped stream or an unreachable API server
-                if self._stop.is_set():
-                    break
-                _log.warning("Lost pod watch namespace=%s error=%s", self.namespace, type(exc).__name__)
-                self._stop.wait(2.0)
-        emit(None)
+    def on_event(self, event_type: str, obj: dict[str, Any]) -> list[ReplicaEvent]:
+        event = self._event(event_type, obj)
+        (self._known.discard if event_type == "DELETED" else self._known.add)(event.name)
+        return [event]

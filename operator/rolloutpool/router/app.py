@@ -32,7 +32,7 @@ from rolloutpool.router.proxy import Proxy
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
-from rolloutpool.router.types import ClientFactory, Clock, Discovery
+from rolloutpool.router.types import ClientFactory, Clock, Discovery, LimitsSource
 
 __all__ = ["ROUTER", "RouterService", "build_app", "run_router"]
 
@@ -56,6 +56,7 @@ class RouterService:
         clock: Clock,
         client_factory: ClientFactory,
         discovery: Discovery | None = None,
+        limits: LimitsSource | None = None,
     ) -> None:
         self.config = config
         self.metrics = RouterMetrics()
@@ -66,6 +67,7 @@ class RouterService:
         self.writer: SnapshotWriter | None = None
         self._client_factory = client_factory
         self._discovery = discovery
+        self._limits = limits
         self._restored = False
         self._client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -81,6 +83,8 @@ class RouterService:
             self._restore()  # with discovery: once the first pod list has arrived
         else:
             self._spawn(self._discover(self._discovery), "discovery")
+        if self._limits is not None:
+            self._spawn(self._follow_limits(self._limits), "operator-limits")
         scraper = Scraper(self.manager, self._client)
         await scraper.scrape_all()
         self._spawn(scraper.run(), "scrape")
@@ -112,6 +116,11 @@ class RouterService:
                 self.manager.add_replica(ReplicaSpec(name=event.name, url=event.url))
             else:
                 self.manager.remove_replica(event.name, reason=event.reason)
+
+    async def _follow_limits(self, limits: LimitsSource) -> None:
+        """Apply the operator's caps and quarantine each time the RolloutPool status changes."""
+        async for update in limits():
+            self.manager.set_operator_limits(update)
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         async def run() -> None:
@@ -195,14 +204,17 @@ def build_app(
     clock: Clock = time.time,
     client_factory: ClientFactory = _default_client,
     discovery: Discovery | None = None,
+    limits: LimitsSource | None = None,
 ) -> web.Application:
     """The router application; its loops run between startup and cleanup.
 
     ``discovery`` (with ``config.discovery``) yields replica events at run time, e.g.
     from :class:`rolloutpool.kube.pods.PodWatch`; a ``Synced`` event marks the end of
-    the initial listing, after which the session snapshot is restored.
+    the initial listing, after which the session snapshot is restored. ``limits``
+    yields the operator's per-replica caps and quarantine (e.g. from
+    :class:`rolloutpool.kube.pools.PoolWatch`); they combine with the router's own.
     """
-    service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery)
+    service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
     app[ROUTER] = service
     add = app.router
@@ -224,7 +236,7 @@ def build_app(
     return app
 
 
-def run_router(config: RouterConfig, *, discovery: Discovery | None = None) -> None:
+def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limits: LimitsSource | None = None) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
         "Starting router host=%s port=%d replicas=%s admin=%s state=%s",
@@ -235,7 +247,7 @@ def run_router(config: RouterConfig, *, discovery: Discovery | None = None) -> N
         config.state_path,
     )
     web.run_app(
-        build_app(config, discovery=discovery),
+        build_app(config, discovery=discovery, limits=limits),
         host=config.host,
         port=config.port,
         shutdown_timeout=config.shutdown_timeout_s,

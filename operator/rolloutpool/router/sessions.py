@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, resolve_cap
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
 from rolloutpool.router.types import Clock
+from rolloutpool.routing.discovery import OperatorLimit, combined_cap
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
@@ -80,6 +81,8 @@ class ReplicaRuntime:
     signals: dict[str, float] = field(default_factory=dict)
     """Last scraped signals, for the admin API."""
     unready_reason: str | None = None
+    operator: OperatorLimit | None = None
+    """Cap and quarantine the operator wrote into the RolloutPool status, if any."""
 
 
 @dataclass
@@ -379,10 +382,26 @@ class SessionManager:
         if capacity_tokens is None:
             capacity_tokens = runtime.capacity_tokens  # keep the last report
         runtime.capacity_tokens = capacity_tokens
+        self._apply_cap(name)
+
+    def set_operator_limits(self, limits: dict[str, OperatorLimit]) -> None:
+        """The operator's caps and quarantine (RolloutPool status); they combine with the router's own."""
+        for name, runtime in self.runtime.items():
+            limit = limits.get(name)
+            if limit == runtime.operator:
+                continue
+            runtime.operator = limit
+            _log.info("Set operator limits replica=%s limits=%s", name, limit)
+            self._apply_cap(name)
+            self._sync_quarantine(name)
+
+    def _apply_cap(self, name: str) -> None:
+        runtime = self.runtime[name]
         replica = self.table.replicas[name]
-        cap = resolve_cap(self.config, runtime.spec, capacity_tokens=capacity_tokens)
+        own = resolve_cap(self.config, runtime.spec, capacity_tokens=runtime.capacity_tokens)
+        cap = combined_cap(own, runtime.operator.cap if runtime.operator else None)
         if cap != replica.cap:
-            _log.info("Set session cap replica=%s cap=%s capacity_tokens=%s", name, cap, capacity_tokens)
+            _log.info("Set session cap replica=%s cap=%s capacity_tokens=%s", name, cap, runtime.capacity_tokens)
             replica.cap = cap
             self.admit_waiting()
 
@@ -400,7 +419,8 @@ class SessionManager:
             self.metrics.quarantines.labels(name, pressure.reason or "Unknown").inc()
             _log.info("Quarantined replica=%s reason=%s", name, pressure.reason)
         was = replica.quarantined
-        replica.quarantined = pressure.quarantined
+        operator = self.runtime[name].operator
+        replica.quarantined = pressure.quarantined or bool(operator and operator.quarantined)
         if was and not replica.quarantined:
             _log.info("Lifted quarantine replica=%s", name)
             self.admit_waiting()

@@ -7,9 +7,9 @@ from typing import Any, TypeAlias
 
 import aiohttp
 
-from rolloutpool.routing.discovery import ReplicaEvent
+from rolloutpool.routing.discovery import OperatorLimit, ReplicaEvent
 
-__all__ = ["ClientFactory", "Clock", "Discovery", "JSONObject"]
+__all__ = ["ClientFactory", "Clock", "Discovery", "JSONObject", "LimitsSource"]
 
 JSONObject: TypeAlias = dict[str, Any]
 """A decoded JSON object (request or response body)."""
@@ -22,3 +22,6 @@ ClientFactory: TypeAlias = Callable[[], aiohttp.ClientSession]
 
 Discovery: TypeAlias = Callable[[], AsyncIterator[ReplicaEvent]]
 """Starts a discovery source; its events add and remove replicas at run time."""
+
+LimitsSource: TypeAlias = Callable[[], AsyncIterator[dict[str, OperatorLimit]]]
+"""Starts a source of the operator's per-replica limits (the RolloutPool status)."""

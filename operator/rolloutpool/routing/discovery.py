@@ -1,4 +1,4 @@
-"""Replica discovery from Kubernetes pods, as pure decisions on pod objects (pure).
+"""Replica discovery from Kubernetes pods and the operator's limits, as pure decisions (pure).
 
 A pod is a routable replica when it has an IP, is not being deleted, and its
 ``Ready`` condition is True. Anything else (pending, unready, terminating, deleted)
@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ReplicaEvent", "replica_event"]
+from pydantic import ValidationError
+
+from rolloutpool.api.status import RolloutPoolStatus
+
+__all__ = ["OperatorLimit", "ReplicaEvent", "combined_cap", "operator_limits", "replica_event"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +60,33 @@ def replica_event(
     if not _ready(status):
         return ReplicaEvent(name, url, False, "NotReady")
     return ReplicaEvent(name, url, True, "Ready")
+
+
+@dataclass(frozen=True)
+class OperatorLimit:
+    """What the operator decided for one replica (from the RolloutPool status)."""
+
+    cap: int | None
+    quarantined: bool
+    reason: str | None
+
+
+def operator_limits(pool: dict[str, Any]) -> dict[str, OperatorLimit]:
+    """Per-replica limits from a RolloutPool object's ``status.replicaStatus`` (pure).
+
+    A status that does not parse gives no limits (the router's own stay in force).
+    """
+    try:
+        status = RolloutPoolStatus.model_validate((pool or {}).get("status") or {})
+    except ValidationError:
+        return {}
+    return {r.name: OperatorLimit(r.cap, r.quarantined, r.reason) for r in status.replica_status}
+
+
+def combined_cap(own: int | None, operator: int | None) -> int | None:
+    """The tighter of two caps; None means no limit (pure)."""
+    if own is None:
+        return operator
+    if operator is None:
+        return own
+    return min(own, operator)
