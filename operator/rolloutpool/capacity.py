@@ -4,8 +4,10 @@ Nothing here does I/O; every function is a decision on its keyword arguments.
 The sizing model follows vLLM: the engine takes ``gpu_memory_utilization`` of each
 GPU's memory, subtracts the weights and an activation reserve, and splits the rest
 into KV blocks of ``block_size`` tokens. A live session never needs more than
-``max_model_len`` resident tokens, so ``capacity // max_model_len`` sessions can never
-evict one another (the conservative floor). Sessions rarely fill their context: with
+``max_model_len`` resident tokens, so ``capacity // max_model_len`` sessions always fit
+together (the conservative floor). That they fit does not mean vLLM keeps them: its
+LRU may evict a long-idle live prefix before newer blocks of finished sessions
+(docs/benchmarks.md measures it). Sessions rarely fill their context: with
 mean residency ``r`` the cap ``floor / r * (1 - headroom)`` oversubscribes on purpose.
 """
 
@@ -121,7 +123,7 @@ def capacity_from_engine(*, num_gpu_blocks: int, block_size: int) -> int:
 
 
 def conservative_cap(*, capacity_tokens: int, max_model_len: int) -> int:
-    """Live sessions that can never evict one another: ``capacity // max_model_len`` (pure)."""
+    """Live sessions that fit together even at full context: ``capacity // max_model_len`` (pure)."""
     if capacity_tokens < 0 or max_model_len < 1:
         raise ValueError("capacity_tokens must be >= 0 and max_model_len >= 1")
     return capacity_tokens // max_model_len

@@ -103,7 +103,7 @@ def plan(
         )
     _console.print(table)
     _console.print(
-        f"floor = capacity // maxModelLen never evicts ({first.floor} sessions); "
+        f"floor = capacity // maxModelLen: {first.floor} live sessions fit even at full context; "
         "cap = capacity / (maxModelLen x residency) x (1 - headroom) oversubscribes on purpose."
     )
 

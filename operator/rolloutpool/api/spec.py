@@ -158,7 +158,7 @@ class ConcurrencySpec(SpecModel):
     """Per-replica caps on live sessions, derived from KV capacity."""
 
     expected_residency: float = Field(default=0.5, ge=0.01, le=1.0)
-    """Mean fraction of ``maxModelLen`` a live session keeps resident; 1.0 never evicts."""
+    """Mean fraction of ``maxModelLen`` a live session keeps resident; 1.0 caps at the conservative floor."""
 
     headroom: float = Field(default=0.1, ge=0.0, le=0.9)
     """Fraction of the oversubscribed cap kept free as a safety margin."""
