@@ -7,7 +7,6 @@ and the example manifests, and ``kubectl get rp`` shows the printer columns.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -37,7 +36,10 @@ def install_crd(cluster: LocalCluster) -> None:
 def run_demo(*, directory: Path, once: bool, console: Console) -> None:
     """Start the cluster, apply CRD and examples, show them; wait for Ctrl-C unless ``once``."""
     stop = threading.Event()
+    # explicit handlers: a demo started in the background of a script inherits an
+    # ignored SIGINT, and Ctrl-C or `kill` must still stop it cleanly
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     with LocalCluster(directory, log=console.log) as cluster:
         install_crd(cluster)
         console.log(f"Installed CRD {CRD_NAME}")
@@ -50,6 +52,6 @@ def run_demo(*, directory: Path, once: bool, console: Console) -> None:
             return
         console.print(f"KUBECONFIG={cluster.kubeconfig}  PATH={cluster.binaries.kubectl.parent}:$PATH")
         console.print("The control plane keeps running; press Ctrl-C to stop it and clean up.")
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        while not stop.wait(0.5):
+            pass
     console.log("Stopped the control plane; no processes left behind.")
