@@ -59,3 +59,12 @@ def test_operator_limits_from_status_and_combined_caps() -> None:
     assert combined_cap(5, None) == 5
     assert combined_cap(None, 3) == 3
     assert combined_cap(5, 3) == 3
+
+
+def test_ipv6_pod_ip_is_bracketed() -> None:
+    pod = {
+        "metadata": {"name": "x"},
+        "spec": {},
+        "status": {"podIP": "fd00:10:244::5", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert replica_event("ADDED", pod, default_port=8000).url == "http://[fd00:10:244::5]:8000"

@@ -30,7 +30,7 @@ class AdminAPI:
         self._token = token
 
     def _denied(self, request: web.Request) -> web.Response | None:
-        if self._token is None:
+        if not self._token:  # None or empty: disabled (an empty token would match "Bearer ")
             return error_response(403, "The admin API is disabled: the router has no admin token configured.")
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token.encode()):

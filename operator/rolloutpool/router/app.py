@@ -110,12 +110,15 @@ class RouterService:
     async def _discover(self, discovery: Discovery) -> None:
         """Apply discovery events: routable replicas join placement, the rest leave it."""
         async for event in discovery():
-            if event.reason == "Synced":
-                self._restore()
-            elif event.routable and event.url is not None:
-                self.manager.add_replica(ReplicaSpec(name=event.name, url=event.url))
-            else:
-                self.manager.remove_replica(event.name, reason=event.reason)
+            try:
+                if event.reason == "Synced":
+                    self._restore()
+                elif event.routable and event.url is not None:
+                    self.manager.add_replica(ReplicaSpec(name=event.name, url=event.url))
+                else:
+                    self.manager.remove_replica(event.name, reason=event.reason)
+            except ValueError as exc:  # one odd pod must not stop discovery
+                _log.warning("Ignored replica event replica=%s error=%s", event.name, exc)
 
     async def _follow_limits(self, limits: LimitsSource) -> None:
         """Apply the operator's caps and quarantine each time the RolloutPool status changes."""
@@ -124,7 +127,12 @@ class RouterService:
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         async def run() -> None:
-            await coro
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # logged, never silent; cleanup must still run
+                _log.exception("Failed background task name=%s", name)
 
         self._tasks.append(asyncio.create_task(run(), name=f"rolloutpool-router-{name}"))
 

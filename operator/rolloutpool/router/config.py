@@ -118,6 +118,8 @@ class RouterConfig:
     """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
 
     def __post_init__(self) -> None:
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError("admin_token: empty; give a non-empty token or none (admin API disabled)")
         if not self.replicas and not self.discovery:
             raise ValueError("replicas: at least one replica is required (or discovery)")
         names = [r.name for r in self.replicas]

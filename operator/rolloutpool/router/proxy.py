@@ -192,7 +192,10 @@ class Proxy:
         """``GET /v1/models`` from the first ready replica that answers."""
         replicas = sorted(self.manager.table.replicas.values(), key=lambda r: not r.ready)
         for replica in replicas:
-            url = self.manager.runtime[replica.name].spec.url
+            runtime = self.manager.runtime.get(replica.name)
+            if runtime is None:  # removed while we asked another replica
+                continue
+            url = runtime.spec.url
             try:
                 async with self.client.get(f"{url}/v1/models", timeout=self._timeout) as upstream:
                     data = await upstream.read()

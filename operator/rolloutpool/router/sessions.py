@@ -188,7 +188,11 @@ class SessionManager:
             session = self._place(placement, kind="new")
             if session is not None:
                 return session, True
-        return await self._wait(placement, ephemeral=ephemeral), True
+        session = await self._wait(placement, ephemeral=ephemeral)
+        if not self.is_current(session) or session.replica not in self.runtime:
+            # re-bound (snapshot restore) or its replica left between admission and now
+            return await self.acquire(session_id, group=group, ephemeral=ephemeral)
+        return session, True
 
     def _place(self, placement: Placement, *, kind: str) -> Session | None:
         if self._closed:
@@ -301,8 +305,9 @@ class SessionManager:
     # -- requests of a session --------------------------------------------------------
 
     def begin(self, session: Session) -> None:
-        """A request of ``session`` is being proxied."""
-        self._inflight[session.session_id] += 1
+        """A request of ``session`` is being proxied (a stale binding pins nothing, as in :meth:`end`)."""
+        if self.is_current(session):
+            self._inflight[session.session_id] += 1
         replica = self.table.replicas.get(session.replica)
         if replica is not None:
             replica.inflight += 1
@@ -356,10 +361,10 @@ class SessionManager:
 
     def upstream_failed(self, session: Session, *, replica_down: bool) -> None:
         """The replica failed this session's request: unbind it (re-placed next turn), maybe mark the replica down."""
+        if replica_down:  # first, so the slot the release frees is not handed to a queued session there
+            self.set_ready(session.replica, False, reason="UpstreamUnreachable")
         if self.is_current(session):
             self.release(session.session_id, how="upstream_error")
-        if replica_down:
-            self.set_ready(session.replica, False, reason="UpstreamUnreachable")
 
     # -- replica state -----------------------------------------------------------------
 

@@ -56,7 +56,8 @@ def replica_event(
         return ReplicaEvent(name, None, False, "Terminating")
     if not ip:
         return ReplicaEvent(name, None, False, "NoIP")
-    url = f"http://{ip}:{_port(pod, port_name, default_port)}"
+    host = f"[{ip}]" if ":" in ip else ip  # an IPv6 address needs brackets in a URL
+    url = f"http://{host}:{_port(pod, port_name, default_port)}"
     if not _ready(status):
         return ReplicaEvent(name, url, False, "NotReady")
     return ReplicaEvent(name, url, True, "Ready")
