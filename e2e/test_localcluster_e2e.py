@@ -29,6 +29,8 @@ def test_start_serve_and_stop_cleanly(tmp_path) -> None:
         assert len(pids) == 3
         assert set(pids) <= set(_processes_mentioning(str(tmp_path)))  # the probe below can see them
         assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+        # the release is stamped into the binaries (charts with kubeVersion constraints rely on it)
+        assert '"gitVersion": "v1.35.4"' in cluster.kubectl("get", "--raw", "/version").stdout
         # RBAC is on: an unprivileged identity is refused
         denied = cluster.kubectl(
             "auth", "can-i", "list", "pods", "--as=system:serviceaccount:default:nobody", check=False

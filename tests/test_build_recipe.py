@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutpool.localcluster.build import cache_root, staging_modules, staging_version, wrapper_go_mod
+from rolloutpool.localcluster.build import (
+    RECIPE,
+    cache_root,
+    staging_modules,
+    staging_version,
+    version_ldflags,
+    wrapper_go_mod,
+)
 
 KUBE_MOD = """module k8s.io/kubernetes
 
@@ -49,4 +56,12 @@ def test_wrapper_go_mod_pins_every_staging_module() -> None:
 
 def test_cache_root_is_outside_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("ROLLOUTPOOL_CACHE", str(tmp_path))
-    assert cache_root("v1.35.4") == tmp_path / "k8s-v1.35.4"
+    assert cache_root("v1.35.4") == tmp_path / f"k8s-v1.35.4-{RECIPE}"
+
+
+def test_version_is_stamped_into_the_binaries() -> None:
+    flags = version_ldflags("v1.35.4")
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in flags
+    assert "-X k8s.io/component-base/version.gitMinor=35" in flags
+    with pytest.raises(ValueError, match="release"):
+        version_ldflags("master")

