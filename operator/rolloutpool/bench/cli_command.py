@@ -13,11 +13,7 @@ from types import FrameType
 import click
 from rich.console import Console
 
-from rolloutpool.bench.overhead import OverheadConfig
 from rolloutpool.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
-from rolloutpool.bench.processes import ReadinessError
-from rolloutpool.bench.report import overhead_table, runs_table, write_outputs
-from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario
 from rolloutpool.sim.workload import SCENARIOS, scenario
 
 __all__ = ["bench_command"]
@@ -112,6 +108,12 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     out_dir: Path,
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
+    # imported here, not at module level: every `rolloutpool` command imports this module
+    from rolloutpool.bench.overhead import OverheadConfig  # noqa: PLC0415
+    from rolloutpool.bench.processes import ReadinessError  # noqa: PLC0415
+    from rolloutpool.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
+    from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
+
     chosen = routers or DEFAULT_ROUTERS
     if any(r in VLLM_ROUTERS for r in chosen) and shutil.which(vllm_router_bin) is None:
         raise click.UsageError(f"{vllm_router_bin!r} not found; `pip install vllm-router` or pick --router rolloutpool")
