@@ -94,6 +94,9 @@ class ReplicaStatus(StatusModel):
     reason: str | None = None
     """Why the replica is quarantined or draining."""
 
+    cap_changed_at: datetime | None = None
+    """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""
+
 
 class RolloutPoolStatus(StatusModel):
     """Observed state of a RolloutPool, rebuilt on every reconcile."""

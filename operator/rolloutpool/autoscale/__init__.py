@@ -1,0 +1,23 @@
+"""Adaptive concurrency: the pure control law shared by the operator and the simulator."""
+
+from rolloutpool.autoscale.law import (
+    HealthReason,
+    LawParams,
+    MetricsHealth,
+    ReplicaControl,
+    ReplicaSignals,
+    classify_health,
+    decide_replica,
+    pressure_reason,
+)
+
+__all__ = [
+    "HealthReason",
+    "LawParams",
+    "MetricsHealth",
+    "ReplicaControl",
+    "ReplicaSignals",
+    "classify_health",
+    "decide_replica",
+    "pressure_reason",
+]
