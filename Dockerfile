@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+# ghcr.io/rolloutpool/rolloutpool:<version> — one image for the operator, the session router and
+# the engine simulator (`rolloutpool operator|router|engine-sim ...`; pods set the command).
+#
+#   docker build -t ghcr.io/rolloutpool/rolloutpool:0.1.0 .
+#
+# Stage 1 builds wheels of this project and its dependencies; stage 2 installs them into a
+# virtualenv on a clean base, with no compiler, no pip cache and no build context left behind.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+RUN python -m pip wheel --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/rolloutpool/bin:$PATH \
+    HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv /opt/rolloutpool \
+    && /opt/rolloutpool/bin/pip install --no-index --find-links=/wheels rolloutpool \
+    && groupadd --gid 65532 rolloutpool \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp \
+       --shell /usr/sbin/nologin rolloutpool
+# Numeric user so runAsNonRoot can verify it without resolving /etc/passwd.
+USER 65532:65532
+WORKDIR /tmp
+ENTRYPOINT ["rolloutpool"]
+CMD ["--help"]
+
+LABEL org.opencontainers.image.title="rolloutpool" \
+      org.opencontainers.image.description="RolloutPool operator, session router and engine simulator for vLLM RL-rollout fleets" \
+      org.opencontainers.image.licenses="Apache-2.0"
