@@ -18,7 +18,9 @@ from rolloutpool.api import RolloutPool
 from rolloutpool.api.crd import render_crd
 from rolloutpool.bench.cli_command import bench_command
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
+from rolloutpool.operator_command import operator_command
 from rolloutpool.planner import PlanInputs, plan_rows
+from rolloutpool.sim.cli_command import caps_command
 
 __all__ = ["main"]
 
@@ -391,6 +393,8 @@ def simulate(
 
 
 main.add_command(bench_command)
+main.add_command(caps_command)
+main.add_command(operator_command)
 
 
 @main.group()
