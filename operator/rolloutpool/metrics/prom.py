@@ -60,15 +60,15 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
 def _detail(err: BaseException, *, timeout: float) -> str:
     """What went wrong, in a few words, without the request URL."""
     if isinstance(err, requests.Timeout):
-        return f"did not answer within {timeout:g}s"
+        return f"did not answer within {timeout:.3g}s"
     if isinstance(err, requests.ConnectionError):
         found = _ERRNO.search(str(err))
         return f"refused the connection or is unreachable ({found.group(0).strip() if found else type(err).__name__})"
     if isinstance(err, PrometheusApiClientException):
         return f"answered with an error: {str(err)[:_MAX_DETAIL]}"
-    if isinstance(err, requests.RequestException):
-        return f"could not be queried ({type(err).__name__})"
-    return f"answered with something that is not a query result ({type(err).__name__})"
+    if isinstance(err, ValueError | KeyError | TypeError):  # requests' JSONDecodeError is also a ValueError
+        return f"answered with something that is not a query result ({type(err).__name__})"
+    return f"could not be queried ({type(err).__name__})"
 
 
 class PrometheusSignals:
@@ -92,8 +92,8 @@ class PrometheusSignals:
         netloc = parts.netloc.rpartition("@")[2]
         base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         extra: dict[str, Any] = {"auth": (user, password)} if user or password else {}
-        # no retries: a failed read is reported at once and the control loop tries again next interval
-        self._client = PrometheusConnect(url=base, retry=Retry(total=0, raise_on_status=False), **extra)
+        # no retries (read=False lets a read timeout surface as one): a failed read is reported at once and the control loop tries again next interval
+        self._client = PrometheusConnect(url=base, retry=Retry(total=0, read=False, raise_on_status=False), **extra)
         self._query: Callable[..., Any] = self._client.custom_query
 
     def close(self) -> None:
