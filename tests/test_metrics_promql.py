@@ -131,7 +131,7 @@ def test_build_queries_needs_a_replica() -> None:
 
 
 def test_sample_values_keeps_nan_and_drops_unreadable_samples() -> None:
-    result = [
+    result: list[dict[str, Any]] = [
         {"metric": {"pod": "a"}, "value": [NOW, "0.5"]},
         {"metric": {"pod": "b"}, "value": [NOW, "NaN"]},
         {"metric": {"pod": "c"}, "value": [NOW, "+Inf"]},
