@@ -9,6 +9,7 @@ restart (``controls_from_status``) and runs one control step for every replica
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ DEFAULT_CEILING = 100_000
 
 DRAIN_REASONS = frozenset({"Draining", "Drained", "DrainTimeout", "Terminating"})
 """Replica-status reasons of the operator's lifecycle quarantine, not of the control law."""
+
+
+_NAMED_VALUE_ERROR = re.compile(r"^Value error, (?P<message>(?P<path>[a-z][A-Za-z0-9]*(?:\.[A-Za-z0-9]+)+) .*)$")
 
 
 def _error_path(loc: tuple[int | str, ...]) -> str:
@@ -120,6 +124,9 @@ def parse_spec(*, pool: Mapping[str, Any]) -> tuple[RolloutPoolSpec | None, str 
         spec = RolloutPoolSpec.model_validate(pool.get("spec"))
     except ValidationError as exc:
         first = exc.errors()[0]
+        named = _NAMED_VALUE_ERROR.match(first["msg"])
+        if named:  # a cross-field rule names its field itself: "engine.image is required when ..."
+            return None, f"spec.{named['path']}: {named['message']}"
         return None, f"{_error_path(first['loc'])}: {first['msg']}"
     try:
         replica_caps(spec=spec)
