@@ -87,6 +87,7 @@ class ProcessKubelet:
         max_pods: int = 110,
         node_labels: Mapping[str, str] | None = None,
         taints: Sequence[Mapping[str, str]] = (),
+        scheduler_name: str = "default-scheduler",
         images: Sequence[str] = (DEFAULT_IMAGE_PATTERN,),
         executables: Mapping[str, str] | None = None,
         host_ip: str = "127.0.0.1",
@@ -102,6 +103,7 @@ class ProcessKubelet:
         self.directory = directory
         self.node_name = node_name
         self.host_ip = host_ip
+        self.scheduler_name = scheduler_name
         self.images = tuple(images)
         self.executables = dict(default_executables() if executables is None else executables)
         self.backoff_base = backoff_base
@@ -142,7 +144,7 @@ class ProcessKubelet:
             base_path=os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
         )
         self._core = client.CoreV1Api(self._api)
-        self._agent = NodeAgent(self._api, manifest=self._manifest)
+        self._agent = NodeAgent(self._api, manifest=self._manifest, scheduler=self.scheduler_name)
         try:
             self._agent.register(now=time.time())
         except BaseException:
