@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -177,6 +178,21 @@ def test_controls_survive_a_restart_through_the_status() -> None:
         E(1): ReplicaControl(cap=12, changed_at=None, quarantined=False, reason=None),
     }
     assert controls_from_status(None) == {}
+
+
+def test_the_law_state_round_trips_through_the_status_wire() -> None:
+    has_limit = "limit" in {f.name for f in dataclasses.fields(ReplicaControl)}
+    learned: dict[str, Any] = {"limit": 18, "limit_at": T0.timestamp() - 5} if has_limit else {}
+    controls = {
+        E(0): ReplicaControl(cap=16, changed_at=T0.timestamp(), quarantined=False, reason="Raised", **learned),
+        E(1): ReplicaControl(cap=12, changed_at=T0.timestamp() - 60, quarantined=True, reason="Preempting"),
+    }
+    pool = pool_object()
+    status = status_of(pool, pods_of(pool), controls=controls)
+    wire = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert wire["replicaStatus"][0]["capReason"] == "Raised"
+    assert "reason" not in wire["replicaStatus"][0]  # not quarantined: the router sees no reason
+    assert controls_from_status(RolloutPoolStatus.model_validate(wire)) == controls
 
 
 def test_plan_controls_modes() -> None:

@@ -97,6 +97,15 @@ class ReplicaStatus(StatusModel):
     cap_changed_at: datetime | None = None
     """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""
 
+    cap_reason: str | None = None
+    """Why the control loop last moved or held ``cap`` (``Raised``, ``NoMetrics``, a pressure reason)."""
+
+    cap_limit: int | None = Field(default=None, ge=0)
+    """The lowest cap at which the control loop saw pressure (the learned limit); unset before any pressure."""
+
+    cap_limit_at: datetime | None = None
+    """When the control loop learned or last probed ``capLimit``."""
+
 
 class RolloutPoolStatus(StatusModel):
     """Observed state of a RolloutPool, rebuilt on every reconcile."""

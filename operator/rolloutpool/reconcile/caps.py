@@ -9,8 +9,10 @@ restart (``controls_from_status``) and runs one control step for every replica
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -41,6 +43,8 @@ __all__ = [
 
 DEFAULT_CEILING = 100_000
 """Ceiling of the law when ``maxSessionsPerReplica`` is unset (the schema's own maximum)."""
+
+_CONTROL_FIELDS = frozenset(f.name for f in dataclasses.fields(ReplicaControl))
 
 DRAIN_REASONS = frozenset({"Draining", "Drained", "DrainTimeout", "Terminating"})
 """Replica-status reasons of the operator's lifecycle quarantine, not of the control law."""
@@ -153,23 +157,31 @@ def law_params(*, spec: RolloutPoolSpec, kv_capacity_tokens: int) -> LawParams:
     )
 
 
-def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaControl]:
-    """The law's state per replica as the last status recorded it, so cooldowns survive a restart (pure).
+def _timestamp(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
 
-    Replicas without a cap are left out; a drain or termination is the operator's lifecycle, not
-    the law's quarantine, and is not carried over.
+
+def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaControl]:
+    """The law's state per replica as the last status recorded it, so it survives a restart (pure).
+
+    Cap, cooldown (``capChangedAt``), the reason the cap last moved (``capReason``) and the learned
+    limit (``capLimit``, ``capLimitAt``). Replicas without a cap are left out; a drain or
+    termination is the operator's lifecycle, not the law's quarantine, and is not carried over.
     """
     controls: dict[str, ReplicaControl] = {}
     for entry in status.replica_status if status else []:
         if entry.cap is None:
             continue
         lifecycle = entry.reason in DRAIN_REASONS
-        controls[entry.name] = ReplicaControl(
-            cap=entry.cap,
-            changed_at=entry.cap_changed_at.timestamp() if entry.cap_changed_at else None,
-            quarantined=entry.quarantined and not lifecycle,
-            reason=None if lifecycle else entry.reason,
-        )
+        state: dict[str, Any] = {
+            "cap": entry.cap,
+            "changed_at": _timestamp(entry.cap_changed_at),
+            "quarantined": entry.quarantined and not lifecycle,
+            "reason": entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason),
+            "limit": entry.cap_limit,
+            "limit_at": _timestamp(entry.cap_limit_at),
+        }
+        controls[entry.name] = ReplicaControl(**{k: v for k, v in state.items() if k in _CONTROL_FIELDS})
     return controls
 
 

@@ -82,14 +82,19 @@ def _replica_entry(
     reported = signals.kv_capacity_tokens if signals else None
     capacity = reported or (old.kv_capacity_tokens if old else None) or estimate
     usage = signals.kv_usage if signals else None
-    cap: int | None = None
-    changed_at: datetime | None = None
+    law: dict[str, Any] = {}
+    quarantined, reason = False, None
     if control is not None:
-        cap, changed_at = control.cap, _utc(control.changed_at)
+        law = {
+            "cap": control.cap,
+            "cap_changed_at": _utc(control.changed_at),
+            "cap_reason": control.reason,
+            "cap_limit": getattr(control, "limit", None),
+            "cap_limit_at": _utc(getattr(control, "limit_at", None)),
+        }
         quarantined, reason = control.quarantined, control.reason if control.quarantined else None
-    else:
-        cap, changed_at = (old.cap, old.cap_changed_at) if old else (None, None)
-        quarantined, reason = False, None
+    elif old is not None:
+        law = old.model_dump(include={"cap", "cap_changed_at", "cap_reason", "cap_limit", "cap_limit_at"})
     if lifecycle is not None:
         quarantined, reason = True, lifecycle
     return ReplicaStatus(
@@ -97,12 +102,11 @@ def _replica_entry(
         index=index,
         ready=is_ready(pod),
         live_sessions=max(0, live),
-        cap=cap,
         kv_capacity_tokens=capacity,
         kv_usage=None if usage is None else min(1.0, max(0.0, usage)),
         quarantined=quarantined,
         reason=reason,
-        cap_changed_at=changed_at,
+        **law,
     )
 
 
