@@ -135,7 +135,8 @@ def events_between(previous: RolloutPoolStatus | None, current: RolloutPoolStatu
         elif _pressure(old) and not after.quarantined:
             events.append(EventIntent("ReplicaReleased", f"Released {name} from quarantine", "Normal", name))
         if old.cap is not None and after.cap is not None and old.cap != after.cap:
-            why = f" ({quarantine_word(after.reason)})" if after.reason else ""
+            moved_by = after.cap_reason or after.reason
+            why = f" ({quarantine_word(moved_by)})" if moved_by else ""
             message = f"Cap of {name} changed from {old.cap} to {after.cap}{why}"
             events.append(EventIntent("CapChanged", message, "Normal", name))
     return events
