@@ -59,6 +59,10 @@ class ReplicaControl:
     quarantined: bool = False
     reason: str | None = None
     """Why quarantined (``LivePrefixEviction``, ``Preempting``, ``Queueing``) or why the cap last moved."""
+    limit: int | None = None
+    """The lowest cap at which pressure was last seen (the cliff the law learned); None before any pressure."""
+    limit_at: float | None = None
+    """Unix time the limit was learned or last probed."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,33 @@ class LawParams:
     target_kv_usage: float = 0.85
     cooldown_seconds: float = 60.0
     decrease_factor: float = 0.7
+    """Multiplicative cut under severe pressure (``severe_factor``); milder pressure steps back once."""
     increase_step: int = 1
     tolerance: float = 0.05
     """Band under ``target_kv_usage`` in which the cap holds (anti-flap)."""
-    reprefill_tokens_per_s: float = 1.0
-    """Re-prefill rate of live sessions above which a replica is under pressure."""
+    reprefill_tokens_per_s: float = 2000.0
+    """Re-prefill rate of live sessions (tokens/s, over ``rate_window_seconds``) above which a replica is under
+    pressure. Some eviction pays for itself through bigger decode batches: the default is ~10 % of an 8B model's
+    prefill rate on one H100, about where the simulator's throughput-vs-cap curves peak."""
+    preemptions_per_s: float = 0.01
+    """Preemption rate above which a replica is under pressure (0.01/s: more than one in a 2-minute window)."""
     waiting_threshold: float = 1.0
     """Waiting requests above which a replica is under pressure."""
+    rate_window_seconds: float = 120.0
+    """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
+    slow_start_factor: float = 1.15
+    """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``)."""
+    probe_seconds: float = 600.0
+    """After this long without pressure just under the learned limit, the law probes one step higher."""
+    severe_factor: float = 3.0
+    """Pressure this many times over a threshold is severe: the cut is multiplicative, otherwise one step."""
+    quarantine_mild: bool = True
+    """Quarantine on any pressure; False: only on severe pressure (a fast loop in the router covers the rest)."""
+    settle_seconds: float = 180.0
+    """After a cut, pressure within this long holds the cap (quarantined) instead of cutting again: a cut only
+    stops new sessions, the resident ones take minutes to finish (about a median trajectory's life)."""
+    binding_slack: int = 1
+    """The cap is raised only while it binds: live sessions at least ``cap - binding_slack`` (when known)."""
 
 
 @dataclass(frozen=True)
@@ -98,15 +122,56 @@ def pressure_reason(signals: ReplicaSignals, params: LawParams) -> str | None:
     """
     if (signals.reprefill_tokens_per_s or 0.0) > params.reprefill_tokens_per_s:
         return "LivePrefixEviction"
-    if (signals.preemptions_per_s or 0.0) > 0.0:
+    if (signals.preemptions_per_s or 0.0) > params.preemptions_per_s:
         return "Preempting"
     if (signals.waiting or 0.0) > params.waiting_threshold:
         return "Queueing"
     return None
 
 
+_PRESSURE_REASONS = ("LivePrefixEviction", "Preempting", "Queueing")
+
+
 def _clamp(cap: int, params: LawParams) -> int:
     return max(params.floor, min(params.ceiling, cap))
+
+
+def _cut(
+    *, previous: ReplicaControl, current: int, signals: ReplicaSignals, reason: str, params: LawParams, now: float
+) -> ReplicaControl:
+    """Under pressure: cut below the cap (or the live count, when lower) where the pressure showed."""
+    since = math.inf if previous.changed_at is None else now - previous.changed_at
+    cut_last = previous.reason in _PRESSURE_REASONS
+    live = signals.live_sessions
+    severe = _severe(signals, params)
+    quarantine = severe or params.quarantine_mild
+    hold = ReplicaControl(
+        cap=current, changed_at=previous.changed_at, quarantined=quarantine, reason=reason,
+        limit=previous.limit, limit_at=previous.limit_at,
+    )  # fmt: skip
+    if live is not None and live > current:
+        return hold  # the last cut has not taken effect yet: sessions above the cap are still finishing
+    if cut_last and since < max(params.cooldown_seconds, params.settle_seconds):
+        return hold  # a cut is settling: its sessions still have to finish before it shows
+    if severe:
+        # far past the cliff (typically the first overshoot): cut multiplicatively, and assume the cliff
+        # half-way between the cut and the cap where the storm showed
+        cut = _clamp(min(math.floor(current * params.decrease_factor), current - 1), params)
+        limit = max(cut + params.increase_step, (cut + current) // 2)
+    else:
+        # just past it (a probe, drift, noise): one step back; this cap is the new limit
+        cut = _clamp(current - params.increase_step, params)
+        limit = current
+    if cut >= current:
+        return replace(hold, limit=max(current, params.floor + 1), limit_at=now)
+    return ReplicaControl(cap=cut, changed_at=now, quarantined=quarantine, reason=reason, limit=limit, limit_at=now)
+
+
+def _severe(signals: ReplicaSignals, params: LawParams) -> bool:
+    """Pressure ``severe_factor`` times over a threshold: a storm, not the edge of the cliff."""
+    reprefill = (signals.reprefill_tokens_per_s or 0.0) / max(params.reprefill_tokens_per_s, 1e-9)
+    preempt = (signals.preemptions_per_s or 0.0) / max(params.preemptions_per_s, 1e-9)
+    return max(reprefill, preempt) >= params.severe_factor
 
 
 def decide_replica(
@@ -118,10 +183,15 @@ def decide_replica(
 ) -> ReplicaControl:
     """Next cap and quarantine of one replica (pure).
 
-    Starts at the floor; under pressure cuts the cap multiplicatively and quarantines; without
-    pressure and with KV usage under the target band raises it additively; inside the band it
-    holds. A cap changes at most once per cooldown, except that a cut never waits for a raise's
-    cooldown. Without signals the replica falls back to the floor, unquarantined.
+    Starts at the floor. Under pressure it quarantines and cuts the cap: one step back at the
+    edge of the cliff (the cap becomes the learned ``limit``), multiplicatively under severe
+    pressure (the limit is then assumed half-way back). Without pressure, with KV usage under the
+    target band and the cap binding (live sessions near it), it raises: multiplicatively before
+    any pressure was seen (slow start), then additively up to one step under the limit, where
+    it holds and probes one step higher every ``probe_seconds``. Inside the band it holds. A cap
+    changes at most once per cooldown, except that a cut never waits for a raise's cooldown,
+    and a cut waits while live sessions still exceed the cap (the previous cut is taking
+    effect). Without signals the replica falls back to the floor, unquarantined.
     """
     if previous is None:
         previous = ReplicaControl(cap=params.floor)
@@ -129,21 +199,48 @@ def decide_replica(
     if signals is None:
         if current == params.floor and not previous.quarantined:
             return replace(previous, cap=current)
-        return ReplicaControl(cap=params.floor, changed_at=now, quarantined=False, reason="NoMetrics")
-    cooled = previous.changed_at is None or now - previous.changed_at >= params.cooldown_seconds
+        return ReplicaControl(
+            cap=params.floor, changed_at=now, quarantined=False, reason="NoMetrics",
+            limit=previous.limit, limit_at=previous.limit_at,
+        )  # fmt: skip
     reason = pressure_reason(signals, params)
     if reason is not None:
-        cut = _clamp(math.floor(current * params.decrease_factor), params)
-        raised_recently = previous.reason == "Raised" and not cooled
-        if cut < current and (cooled or raised_recently):
-            return ReplicaControl(cap=cut, changed_at=now, quarantined=True, reason=reason)
-        return ReplicaControl(cap=current, changed_at=previous.changed_at, quarantined=True, reason=reason)
+        return _cut(previous=previous, current=current, signals=signals, reason=reason, params=params, now=now)
+    return _raise(previous=previous, current=current, signals=signals, params=params, now=now)
+
+
+def _raise(
+    *, previous: ReplicaControl, current: int, signals: ReplicaSignals, params: LawParams, now: float
+) -> ReplicaControl:
+    """Without pressure: raise while the cap binds and KV usage is under the band, up to the learned limit."""
+    keep = ReplicaControl(
+        cap=current, changed_at=previous.changed_at, quarantined=False, reason=previous.reason,
+        limit=previous.limit, limit_at=previous.limit_at,
+    )  # fmt: skip
+    cooled = previous.changed_at is None or now - previous.changed_at >= params.cooldown_seconds
     usage = signals.kv_usage
-    if usage is not None and usage < params.target_kv_usage - params.tolerance and cooled:
-        raised = _clamp(current + params.increase_step, params)
-        if raised > current:
-            return ReplicaControl(cap=raised, changed_at=now, quarantined=False, reason="Raised")
-    return ReplicaControl(cap=current, changed_at=previous.changed_at, quarantined=False, reason=previous.reason)
+    binding = signals.live_sessions is None or signals.live_sessions >= current - params.binding_slack
+    if usage is None or usage >= params.target_kv_usage - params.tolerance or not cooled or not binding:
+        return keep
+    step = params.increase_step
+    limit = previous.limit
+    if limit is None:
+        raised = _clamp(max(current + step, math.floor(current * params.slow_start_factor)), params)
+        reason_raise, limit_at = "Raised", previous.limit_at
+    elif current + step < limit:
+        raised = _clamp(min(current + step, limit - 1), params)
+        reason_raise, limit_at = "Raised", previous.limit_at
+    elif previous.limit_at is None or now - previous.limit_at >= params.probe_seconds:
+        raised = _clamp(current + step, params)  # probe: the limit may have moved up
+        limit = max(limit, raised)
+        reason_raise, limit_at = "Probed", now
+    else:
+        return keep
+    if raised <= current:
+        return keep
+    return ReplicaControl(
+        cap=raised, changed_at=now, quarantined=False, reason=reason_raise, limit=limit, limit_at=limit_at
+    )
 
 
 def classify_health(

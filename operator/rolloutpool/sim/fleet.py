@@ -13,47 +13,25 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.engine.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.engine.hashing import SegmentChain
 from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_policy
-from rolloutpool.routing.quarantine import PressureState, QuarantineConfig, expected_cached_tokens
+from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.table import SessionTable
+from rolloutpool.sim.adaptive import AdaptiveCaps
+from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
-from rolloutpool.sim.workload import Scenario, Trajectory, TrajectorySource
+from rolloutpool.sim.workload import Trajectory, TrajectorySource
 
-__all__ = ["FleetConfig", "simulate_policy"]
+__all__ = ["ADAPTIVE", "FleetConfig", "simulate_policy"]
 
-_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE = 0, 1, 2, 3
+_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL = 0, 1, 2, 3, 4
 _MAX_RUN = 1_000_000
 _SEGMENT_BASE = 1 << 40  # segment ids above this are per-trajectory; below, group prompts
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """One simulated fleet and its offered load."""
-
-    scenario: Scenario
-    in_flight: int
-    replicas: int = 8
-    hardware: str = "h100-80gb"
-    num_gpu_blocks: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    duration_s: float = 7200.0
-    seed: int = 0
-    expected_residency: float = 0.5
-    headroom: float = 0.1
-    fixed_cap: int | None = None
-    """Override the residency-derived cap of capped policies (hindsight sweeps)."""
-    co_locate_groups: bool = True
-    scrape_interval_s: float = 1.0
-    sample_interval_s: float = 30.0
-    start_spread_s: float = 30.0
-    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
 
 
 @dataclass
@@ -80,7 +58,9 @@ class _Driver:
 
 
 class _Fleet:
-    def __init__(self, config: FleetConfig, policy: Policy, progress: Callable[[float], None] | None) -> None:
+    def __init__(
+        self, config: FleetConfig, policy: Policy, progress: Callable[[float], None] | None, *, adaptive: bool = False
+    ) -> None:
         self.cfg = config
         self.policy = policy
         self.progress = progress
@@ -97,18 +77,20 @@ class _Fleet:
         self.names = [f"r{i}" for i in range(config.replicas)]
         self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
         self.table = SessionTable()
-        cap = None
-        if policy.capped and isinstance(policy, SessionAware):
+        self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity) if adaptive else None
+        cap = None if self.law is None else self.law.params.floor  # the law's first cap; RunResult.cap stays None
+        if self.law is None and policy.capped and isinstance(policy, SessionAware):
             cap = config.fixed_cap or oversubscribed_cap(
                 capacity_tokens=self.capacity,
                 max_model_len=config.scenario.max_model_len,
                 expected_residency=config.expected_residency,
                 headroom=config.headroom,
             )
-        self.cap = cap
+        self.cap = cap if self.law is None else None
         for n in self.names:
             self.table.add_replica(n, cap=cap, kv_capacity_tokens=self.capacity)
         self.pressure = {n: PressureState(config.quarantine) for n in self.names}
+        self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         self.use_quarantine = isinstance(policy, SessionAware)
         self.source = TrajectorySource(config.scenario, config.seed)
         self.trajs: dict[int, _Traj] = {}
@@ -135,6 +117,8 @@ class _Fleet:
             self._start_trajectory(cfg.start_spread_s * i / max(1, cfg.in_flight))
         self._push(cfg.scrape_interval_s, _SCRAPE, None)
         self._push(0.0, _SAMPLE, None)
+        if self.law is not None:
+            self._push(cfg.control_interval_s, _CONTROL, None)
         next_progress = 0.0
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
@@ -147,6 +131,8 @@ class _Fleet:
                 self._arrive(data)  # type: ignore[arg-type]
             elif kind == _SCRAPE:
                 self._scrape()
+            elif kind == _CONTROL:
+                self._control()
             else:
                 self._sample()
             if self.progress is not None and t >= next_progress:
@@ -163,12 +149,13 @@ class _Fleet:
             quarantines=sum(p.quarantines for p in self.pressure.values()),
             samples=self.samples,
             cap=self.cap,
+            law=self.law,
         )
 
     # -- trajectories -------------------------------------------------------------------
 
     def _start_trajectory(self, t: float) -> None:
-        plan = self.source.next()
+        plan = self.source.next(t)
         chain = SegmentChain()
         chain.extend(plan.group, plan.prompt_tokens)
         self.trajs[plan.index] = _Traj(plan=plan, start=t, chain=chain)
@@ -252,9 +239,10 @@ class _Fleet:
         self.reprefilled += missed
         if traj.prev_replica == replica:
             self.evicted_reprefill += missed
+            self.live_reprefill[replica] += missed
             if self.use_quarantine:
                 self.pressure[replica].observe_response(now=self.now, expected_cached=limit, cached=req.cached_tokens)
-                self.table.replicas[replica].quarantined = self.pressure[replica].quarantined
+                self._quarantine(replica)
         traj.prev_replica = replica
         traj.prev_context = req.seq_len - 1  # the last sampled token's KV is never computed
         session = self.table.lookup(str(traj.plan.index))
@@ -278,7 +266,7 @@ class _Fleet:
         session = self.table.release(str(traj.plan.index))
         if session is not None and self.use_quarantine:
             self.pressure[session.replica].session_finished()
-            self.table.replicas[session.replica].quarantined = self.pressure[session.replica].quarantined
+            self._quarantine(session.replica)
         self.completed_times.append(self.now - traj.start)
         del self.trajs[traj.plan.index]
         self._start_trajectory(self.now)
@@ -356,11 +344,26 @@ class _Fleet:
                     preemptions_total=driver.engine.counters.preemptions,
                     waiting=len(driver.engine.waiting),
                 )
-                self.table.replicas[name].quarantined = state.quarantined
+                self._quarantine(name)
                 lifted |= before and not state.quarantined
             if lifted:
                 self._drain_queue()
         self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
+
+    def _quarantine(self, name: str) -> None:
+        law = self.law.controls[name].quarantined if self.law is not None else False
+        self.table.replicas[name].quarantined = self.pressure[name].quarantined or law
+
+    def _control(self) -> None:
+        assert self.law is not None  # noqa: S101 -- scheduled only with a law
+        engines = {n: d.engine for n, d in self.drivers.items()}
+        live = {n: self.table.replicas[n].live for n in self.names}
+        controls = self.law.step(now=self.now, engines=engines, live=live, reprefill=self.live_reprefill)
+        for name, control in controls.items():
+            self.table.replicas[name].cap = control.cap
+            self._quarantine(name)
+        self._drain_queue()
+        self._push(self.now + self.cfg.control_interval_s, _CONTROL, None)
 
     def _sample(self) -> None:
         for name, driver in self.drivers.items():
@@ -386,7 +389,9 @@ def simulate_policy(
     config: FleetConfig, policy_name: str, progress: Callable[[float], None] | None = None
 ) -> RunResult:
     """Run one policy on one fleet configuration; deterministic for a given config."""
-    policy = make_policy(policy_name)
+    adaptive = policy_name == ADAPTIVE
+    policy = make_policy("rolloutpool" if adaptive else policy_name)
     if isinstance(policy, SessionAware):
         policy.co_locate_groups = config.co_locate_groups
-    return _Fleet(config, policy, progress).run()
+        policy.name = policy_name
+    return _Fleet(config, policy, progress, adaptive=adaptive).run()

@@ -11,7 +11,8 @@ import numpy as np
 from rolloutpool.engine.core import Engine
 
 if TYPE_CHECKING:
-    from rolloutpool.sim.fleet import FleetConfig
+    from rolloutpool.sim.adaptive import AdaptiveCaps, ControlPoint
+    from rolloutpool.sim.config import FleetConfig
 
 __all__ = ["RunResult", "Sample", "summarize"]
 
@@ -53,11 +54,23 @@ class RunResult:
     mean_live_per_replica: float
     quarantines: int
     samples: list[Sample] = field(default_factory=list, repr=False)
+    mean_cap: float | None = None
+    """Adaptive policy: the mean per-replica cap over the run's control steps."""
+    law_cuts: int | None = None
+    """Adaptive policy: cap cuts the control law made."""
+    law_quarantines: int | None = None
+    """Adaptive policy: quarantines the control law entered (the fast loop's are ``quarantines``)."""
+    control: list[ControlPoint] = field(default_factory=list, repr=False)
+    """Adaptive policy: every replica's decision at every control step."""
 
     def row(self) -> dict[str, Any]:
-        """The figures without the time series (for tables and JSON)."""
+        """The figures without the time series (for tables and JSON); adaptive-only figures when set."""
         data = asdict(self)
         data.pop("samples")
+        data.pop("control")
+        for key in ("mean_cap", "law_cuts", "law_quarantines"):
+            if data[key] is None:
+                data.pop(key)
         return data
 
 
@@ -76,6 +89,7 @@ def summarize(
     quarantines: int,
     samples: list[Sample],
     cap: int | None,
+    law: AdaptiveCaps | None = None,
 ) -> RunResult:
     """Fold engine counters and router observations into one result (pure)."""
     generated = sum(e.counters.generation_tokens for e in engines)
@@ -104,4 +118,8 @@ def summarize(
         mean_live_per_replica=float(np.mean(lives)) if lives else 0.0,
         quarantines=quarantines,
         samples=samples,
+        mean_cap=float(np.mean([p.cap for p in law.points])) if law is not None and law.points else None,
+        law_cuts=None if law is None else law.cuts,
+        law_quarantines=None if law is None else law.quarantines,
+        control=[] if law is None else law.points,
     )

@@ -64,6 +64,19 @@ class Scenario:
     tool_latency_s: Lognormal = field(default_factory=lambda: Lognormal(2.0, 15.0))
     turns: Lognormal = field(default_factory=lambda: Lognormal(20, 50))
     max_model_len: int = 32768
+    drift_growth: float = 0.0
+    """Policy drift: actions and observations of trajectories started later are longer by up to this fraction."""
+    drift_start_s: float = 1800.0
+    """When the drift starts (virtual seconds)."""
+    drift_duration_s: float = 3600.0
+    """How long the growth takes to reach ``drift_growth`` (linear), after which it stays there."""
+
+    def length_scale(self, t: float) -> float:
+        """Factor on action and observation lengths of a trajectory started at ``t`` (1.0 without drift)."""
+        if self.drift_growth == 0.0 or t <= self.drift_start_s:
+            return 1.0
+        progress = min(1.0, (t - self.drift_start_s) / self.drift_duration_s)
+        return 1.0 + self.drift_growth * progress
 
     def with_(self, **changes: object) -> Scenario:
         """A copy with some knobs changed."""
@@ -93,6 +106,12 @@ SCENARIOS: dict[str, Scenario] = {
             prompt_tokens=Lognormal(3000, 4000),
             observation_tokens=Lognormal(1200, 3500),
             turns=Lognormal(29, 56),
+        ),
+        Scenario(
+            name="policy-drift",
+            description="agentic-grpo whose actions and observations grow by half between minutes 15 and 75",
+            drift_growth=0.5,
+            drift_start_s=900.0,
         ),
     )
 }
@@ -151,16 +170,17 @@ class TrajectorySource:
             self._group_prompt[group] = max(1, round(float(self.scenario.prompt_tokens.draw(rng, 1)[0])))
         return self._group_prompt[group]
 
-    def next(self) -> Trajectory:
-        """The next trajectory to start."""
+    def next(self, now: float = 0.0) -> Trajectory:
+        """The next trajectory to start, at virtual time ``now`` (which only matters under drift)."""
         index = self._next
         self._next += 1
         group = index // self.scenario.group_size
         s = self.scenario
         rng = np.random.default_rng([self.seed, 2, index])
         turns = max(1, round(float(s.turns.draw(rng, 1)[0])))
-        actions = tuple(max(1, round(x)) for x in s.action_tokens.draw(rng, turns))
-        observations = tuple(max(1, round(x)) for x in s.observation_tokens.draw(rng, turns))
+        scale = s.length_scale(now)
+        actions = tuple(max(1, round(x * scale)) for x in s.action_tokens.draw(rng, turns))
+        observations = tuple(max(1, round(x * scale)) for x in s.observation_tokens.draw(rng, turns))
         latencies = tuple(float(x) for x in s.tool_latency_s.draw(rng, turns))
         return Trajectory(
             index=index,

@@ -1,0 +1,103 @@
+"""The operator's control law inside the simulator: signals as Prometheus would see them -> caps.
+
+Every ``interval_s`` virtual seconds (the Prometheus scrape interval) each replica's engine
+metrics are sampled the way a scrape would sample them: gauges (KV usage, waiting requests)
+at that instant, counters (preemptions, prefix-cache hits and queries, the router's
+re-prefilled tokens of LIVE sessions) as ``rate()`` over the law's window. The same pure
+:func:`rolloutpool.autoscale.decide_replica` the operator runs turns them into caps and
+quarantine; nothing here knows the workload's residency.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica
+from rolloutpool.capacity import conservative_cap
+from rolloutpool.engine.core import Engine
+from rolloutpool.sim.config import FleetConfig
+
+__all__ = ["AdaptiveCaps", "ControlPoint"]
+
+
+@dataclass(frozen=True)
+class ControlPoint:
+    """One replica's decision at one control step."""
+
+    t: float
+    replica: str
+    cap: int
+    live: int
+    quarantined: bool
+    reason: str | None
+    limit: int | None
+
+
+@dataclass(frozen=True)
+class _Scrape:
+    t: float
+    preemptions: int
+    hits: int
+    queries: int
+    reprefill: int
+
+
+class AdaptiveCaps:
+    """Per-replica law state, fed by scrapes of the simulated engines and router."""
+
+    def __init__(self, *, names: list[str], params: LawParams, capacity_tokens: int) -> None:
+        self.params = params
+        self.capacity_tokens = capacity_tokens
+        self.controls = {n: ReplicaControl(cap=params.floor) for n in names}
+        self._scrapes: dict[str, deque[_Scrape]] = {n: deque() for n in names}
+        self.points: list[ControlPoint] = []
+        self.cuts = 0
+        """Cap cuts the law made (pressure after its cooldown)."""
+        self.quarantines = 0
+        """Times a replica entered the law's quarantine."""
+
+    @classmethod
+    def for_fleet(cls, config: FleetConfig, names: list[str], capacity_tokens: int) -> AdaptiveCaps:
+        """The law of a simulated fleet: ``config.law``, else defaults with the conservative floor."""
+        floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=config.scenario.max_model_len)
+        params = config.law or LawParams(floor=floor, ceiling=max(floor, config.max_num_seqs))
+        return cls(names=names, params=params, capacity_tokens=capacity_tokens)
+
+    def _signals(self, *, name: str, now: float, engine: Engine, live: int, reprefill: int) -> ReplicaSignals:
+        c = engine.counters
+        scrapes = self._scrapes[name]
+        scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill))
+        while scrapes and scrapes[0].t < now - self.params.rate_window_seconds - 1e-9:
+            scrapes.popleft()
+        first, last = scrapes[0], scrapes[-1]
+        span = last.t - first.t
+        rate = (lambda a, b: (b - a) / span) if span > 0 else (lambda a, b: None)
+        queries = last.queries - first.queries
+        return ReplicaSignals(
+            kv_usage=engine.pool.usage,
+            preemptions_per_s=rate(first.preemptions, last.preemptions),
+            waiting=float(len(engine.waiting)),
+            prefix_hit_ratio=(last.hits - first.hits) / queries if queries > 0 else None,
+            reprefill_tokens_per_s=rate(first.reprefill, last.reprefill),
+            kv_capacity_tokens=self.capacity_tokens,
+            live_sessions=live,
+            sampled_at=now,
+        )
+
+    def step(
+        self, *, now: float, engines: Mapping[str, Engine], live: Mapping[str, int], reprefill: Mapping[str, int]
+    ) -> dict[str, ReplicaControl]:
+        """One control step over every replica; returns the new controls."""
+        for name, engine in engines.items():
+            signals = self._signals(name=name, now=now, engine=engine, live=live[name], reprefill=reprefill[name])
+            before = self.controls[name]
+            after = decide_replica(previous=before, signals=signals, params=self.params, now=now)
+            self.cuts += after.cap < before.cap
+            self.quarantines += after.quarantined and not before.quarantined
+            self.controls[name] = after
+            self.points.append(
+                ControlPoint(now, name, after.cap, live[name], after.quarantined, after.reason, after.limit)
+            )
+        return self.controls

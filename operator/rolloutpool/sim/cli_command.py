@@ -1,0 +1,97 @@
+"""``rolloutpool simulate-caps``: the hindsight cap sweep against the adaptive control law."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rolloutpool.sim.workload import SCENARIOS
+
+__all__ = ["caps_command"]
+
+_console = Console()
+_DEFAULT_SCENARIOS = ("agentic-grpo", "tool-chat", "high-pressure", "policy-drift")
+
+
+@click.command("simulate-caps")
+@click.option("--scenario", "scenarios", type=click.Choice(sorted(SCENARIOS)), multiple=True, help="Default: all.")
+@click.option("--load", "loads", type=click.FloatRange(min=0.01), multiple=True, help="Default: 1, 1.5, 2, 3.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=2400.0, show_default=True)
+@click.option(
+    "--drift-duration", "drift_duration_s", type=click.FloatRange(min=60), default=5400.0, show_default=True,
+    help="Simulated seconds of the policy-drift scenario (its drift runs from minute 15 to 75).",
+)  # fmt: skip
+@click.option("--step", type=click.IntRange(min=1), default=4, show_default=True, help="Coarse grid step of caps.")
+@click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/caps"))
+@click.option("--fresh", is_flag=True, help="Ignore the runs cached in OUT/sweep.json.")
+@click.option("--rerun-adaptive", is_flag=True, help="Keep cached fixed-cap runs, rerun the adaptive ones.")
+@click.option("--fixed-only", is_flag=True, help="Run only the fixed caps (e.g. while the law is being tuned).")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+def caps_command(  # noqa: PLR0917 - click passes every option as a positional parameter
+    scenarios: tuple[str, ...],
+    loads: tuple[float, ...],
+    duration_s: float,
+    drift_duration_s: float,
+    step: int,
+    replicas: int,
+    seed: int,
+    workers: int,
+    out_dir: Path,
+    fresh: bool,
+    rerun_adaptive: bool,
+    fixed_only: bool,
+    no_plots: bool,
+) -> None:
+    """Every fixed cap from the floor up (hindsight) vs the adaptive control law, per scenario and load."""
+    from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.sweep import run_sweep, sweep_points  # noqa: PLC0415
+    from rolloutpool.sim.sweep_report import load_runs, points_markdown, runs_json, write_cap_plots  # noqa: PLC0415
+    from rolloutpool.sim.workload import scenario  # noqa: PLC0415
+
+    names = scenarios or _DEFAULT_SCENARIOS
+    base = FleetConfig(scenario=scenario(names[0]), in_flight=1, replicas=replicas, duration_s=duration_s, seed=seed)
+    cache = {} if fresh else load_runs(out_dir / "sweep.json")
+    if rerun_adaptive:
+        cache = {k: r for k, r in cache.items() if r.cap is not None}
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=_console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("sweeping caps", total=0)
+
+        def planned(count: int) -> None:
+            progress.update(task, total=(progress.tasks[0].total or 0) + count)
+
+        def done(job: object, result: object, wall: float) -> None:
+            progress.advance(task)
+            cap = getattr(getattr(job, "config", None), "fixed_cap", None)
+            progress.console.log(
+                f"Finished {getattr(result, 'scenario', '?')} load={getattr(job, 'load', '?')}x "
+                f"cap={cap if cap is not None else 'adaptive'} tok/s={getattr(result, 'tokens_per_s', 0):,.0f} "
+                f"in {wall:.1f}s"
+            )
+
+        runs = run_sweep(
+            base=base, scenarios=names, loads=loads or (1.0, 1.5, 2.0, 3.0), step=step, workers=workers, cache=cache,
+            durations={"policy-drift": drift_duration_s}, on_done=done, on_planned=planned,
+            adaptive=not fixed_only,
+        )  # fmt: skip
+    wall = time.perf_counter() - started
+    points = sweep_points(runs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"replicas": replicas, "duration_s": duration_s, "drift_duration_s": drift_duration_s, "step": step,
+            "seed": seed, "wall_s": wall}  # fmt: skip
+    (out_dir / "sweep.json").write_text(runs_json(runs, points, meta))
+    table = points_markdown(points)
+    (out_dir / "sweep.md").write_text(table)
+    _console.print(table)
+    written = [] if no_plots else write_cap_plots(runs, points, out_dir)
+    _console.print(f"Wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.md'}" + "".join(f", {p}" for p in written))

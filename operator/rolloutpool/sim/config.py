@@ -1,0 +1,43 @@
+"""Configuration of one simulated fleet run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rolloutpool.autoscale import LawParams
+from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.sim.workload import Scenario
+
+__all__ = ["ADAPTIVE", "FleetConfig"]
+
+ADAPTIVE = "rolloutpool-adaptive"
+"""Our placement with the operator's control law setting caps and quarantine from scraped signals."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """One simulated fleet and its offered load."""
+
+    scenario: Scenario
+    in_flight: int
+    replicas: int = 8
+    hardware: str = "h100-80gb"
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    duration_s: float = 7200.0
+    seed: int = 0
+    expected_residency: float = 0.5
+    headroom: float = 0.1
+    fixed_cap: int | None = None
+    """Override the residency-derived cap of capped policies (hindsight sweeps)."""
+    co_locate_groups: bool = True
+    scrape_interval_s: float = 1.0
+    """The router's fast loop (engine scrape for the fast quarantine)."""
+    sample_interval_s: float = 30.0
+    start_spread_s: float = 30.0
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    control_interval_s: float = 15.0
+    """The adaptive policy's control step: the Prometheus scrape interval."""
+    law: LawParams | None = None
+    """The adaptive policy's law; None: defaults with floor = KV capacity // maxModelLen, ceiling = max_num_seqs."""

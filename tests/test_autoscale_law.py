@@ -1,0 +1,197 @@
+"""The control law, pure and table-driven, with fake time (``now`` passed in)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rolloutpool.autoscale import (
+    LawParams,
+    ReplicaControl,
+    ReplicaSignals,
+    classify_health,
+    decide_replica,
+    pressure_reason,
+)
+
+P = LawParams(
+    floor=10, ceiling=40, target_kv_usage=0.85, tolerance=0.05, cooldown_seconds=60, decrease_factor=0.8,
+    increase_step=1, reprefill_tokens_per_s=2000, preemptions_per_s=0.01, waiting_threshold=1,
+    slow_start_factor=1.0, settle_seconds=180, probe_seconds=600, binding_slack=1, severe_factor=3.0,
+    quarantine_mild=True,
+)  # fmt: skip
+CALM = ReplicaSignals(kv_usage=0.5, preemptions_per_s=0.0, waiting=0, reprefill_tokens_per_s=0.0, live_sessions=20)
+EVICTING = replace(CALM, reprefill_tokens_per_s=5000.0)
+"""Over the threshold, under ``severe_factor`` times it: the edge of the cliff."""
+STORM = replace(CALM, reprefill_tokens_per_s=10000.0)
+"""Far over the threshold."""
+
+
+def at(cap: int, *, changed_at: float | None = 0.0, reason: str | None = None, **kw: object) -> ReplicaControl:
+    return ReplicaControl(cap=cap, changed_at=changed_at, reason=reason, **kw)  # type: ignore[arg-type]
+
+
+# (case, previous, signals, now, expected cap, quarantined, reason)
+CASES = [
+    ("raise without pressure under target", at(20), CALM, 100, 21, False, "Raised"),
+    ("first decision starts at the floor and raises", None, replace(CALM, live_sessions=10), 0, 11, False, "Raised"),
+    ("hold inside the band", at(20), replace(CALM, kv_usage=0.82), 100, 20, False, None),
+    ("hold above the target", at(20), replace(CALM, kv_usage=0.95), 100, 20, False, None),
+    ("hold while the cap does not bind", at(20), replace(CALM, live_sessions=12), 100, 20, False, None),
+    ("hold inside the cooldown", at(20), CALM, 30, 20, False, None),
+    ("hold without a usage reading", at(20), replace(CALM, kv_usage=None), 100, 20, False, None),
+    ("one step back at the edge of the cliff", at(20), EVICTING, 100, 19, True, "LivePrefixEviction"),
+    ("multiplicative cut under severe eviction", at(20), STORM, 100, 16, True, "LivePrefixEviction"),
+    ("severe preemptions cut multiplicatively", at(20), replace(CALM, preemptions_per_s=0.05), 100, 16, True,
+     "Preempting"),
+    ("mild preemptions step back", at(20), replace(CALM, preemptions_per_s=0.02), 100, 19, True, "Preempting"),
+    ("a waiting queue steps back", at(20), replace(CALM, waiting=5), 100, 19, True, "Queueing"),
+    ("a cut right after a raise does not wait", at(21, reason="Raised"), EVICTING, 10, 20, True, "LivePrefixEviction"),
+    ("floor clamp: pressure at the floor holds it", at(10), STORM, 100, 10, True, "LivePrefixEviction"),
+    ("floor clamp: a cut never goes below", at(12), replace(STORM, live_sessions=12), 100, 10, True,
+     "LivePrefixEviction"),
+    ("ceiling clamp: no raise past it", at(40), replace(CALM, live_sessions=40), 100, 40, False, None),
+    ("ceiling clamp: a cap above is brought down", at(55), replace(CALM, live_sessions=40), 100, 40, False, None),
+    ("below-threshold re-prefill is no pressure", at(20), replace(CALM, reprefill_tokens_per_s=1500), 100, 21,
+     False, "Raised"),
+    ("a settling cut holds, quarantined", at(16, reason="LivePrefixEviction"), EVICTING, 100, 16, True,
+     "LivePrefixEviction"),
+    ("pressure after the settle time cuts again", at(16, reason="LivePrefixEviction"),
+     replace(EVICTING, live_sessions=16), 200, 15, True,
+     "LivePrefixEviction"),
+    ("sessions above the cap still finishing: hold", at(16), replace(EVICTING, live_sessions=19), 500, 16, True,
+     "LivePrefixEviction"),
+    ("additive raise stops one under the learned limit", at(24, limit=25, limit_at=50.0),
+     replace(CALM, live_sessions=24), 100, 24, False, None),
+    ("probe one step past the limit after probe_seconds", at(24, limit=25, limit_at=0.0),
+     replace(CALM, live_sessions=24), 700, 25, False, "Probed"),
+    ("a failed probe of the limit steps back once", at(25, reason="Probed", limit=25, limit_at=0.0),
+     replace(EVICTING, live_sessions=25), 710, 24, True, "LivePrefixEviction"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("previous", "signals", "now", "cap", "quarantined", "reason"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_law_table(
+    previous: ReplicaControl | None,
+    signals: ReplicaSignals,
+    now: float,
+    cap: int,
+    quarantined: bool,
+    reason: str | None,
+) -> None:
+    decision = decide_replica(previous=previous, signals=signals, params=P, now=now)
+    assert (decision.cap, decision.quarantined, decision.reason) == (cap, quarantined, reason)
+    assert P.floor <= decision.cap <= P.ceiling
+
+
+def test_a_cut_learns_the_limit_and_raises_stop_under_it() -> None:
+    control = decide_replica(previous=at(20), signals=EVICTING, params=P, now=100)
+    assert (control.cap, control.limit, control.limit_at) == (19, 20, 100)
+    now = 100.0
+    for _ in range(20):  # 20 calm minutes: back up to one under the limit, never to it before probe_seconds
+        now += 60
+        control = decide_replica(previous=control, signals=replace(CALM, live_sessions=control.cap), params=P, now=now)
+        if now - 100 < P.probe_seconds:
+            assert control.cap <= 19
+    assert control.cap >= 20  # probed past the old limit once calm long enough
+
+
+def test_slow_start_raises_multiplicatively_until_the_first_pressure() -> None:
+    params = replace(P, slow_start_factor=1.5)
+    first = decide_replica(previous=at(10), signals=replace(CALM, live_sessions=10), params=params, now=100)
+    assert first.cap == 15
+    cut = decide_replica(previous=first, signals=replace(EVICTING, live_sessions=15), params=params, now=110)
+    assert (cut.cap, cut.limit) == (14, 15)
+    calm = replace(CALM, live_sessions=14)
+    later = decide_replica(previous=replace(cut, changed_at=0.0), signals=calm, params=params, now=1000)
+    assert later.cap == cut.cap + 1  # additive once a limit is known
+
+
+def test_a_storm_cuts_multiplicatively_and_assumes_the_cliff_half_way() -> None:
+    control = decide_replica(previous=at(30), signals=replace(STORM, live_sessions=30), params=P, now=100)
+    assert (control.cap, control.limit) == (24, 27)
+
+
+def test_mild_pressure_quarantines_only_when_asked() -> None:
+    params = replace(P, quarantine_mild=False)
+    assert not decide_replica(previous=at(20), signals=EVICTING, params=params, now=100).quarantined
+    assert decide_replica(previous=at(20), signals=STORM, params=params, now=100).quarantined
+
+
+def test_missing_metrics_fall_back_to_the_floor_unquarantined() -> None:
+    down = decide_replica(previous=at(30, reason="Raised"), signals=None, params=P, now=100)
+    assert (down.cap, down.quarantined, down.reason, down.changed_at) == (10, False, "NoMetrics", 100)
+    again = decide_replica(previous=down, signals=None, params=P, now=200)
+    assert again == down  # no new change, the cooldown clock is not reset
+    assert decide_replica(previous=None, signals=None, params=P, now=0).cap == P.floor
+
+
+@pytest.mark.parametrize("period", [1, 2, 3, 5])
+def test_flapping_inputs_produce_bounded_changes(period: int) -> None:
+    """Pressure on for ``period`` steps, off for ``period`` steps, for two hours of 15 s steps."""
+    control: ReplicaControl | None = None
+    changes, caps, last_change = 0, [], None
+    for i in range(480):
+        now = 15.0 * i
+        pressure = (i // period) % 2 == 0
+        live = control.cap if control else P.floor
+        signals = replace(EVICTING if pressure else CALM, live_sessions=live)
+        nxt = decide_replica(previous=control, signals=signals, params=P, now=now)
+        if control is not None and nxt.cap != control.cap:
+            changes += 1
+            if nxt.cap > control.cap and last_change is not None:
+                assert now - last_change >= P.cooldown_seconds  # raises respect the cooldown
+            last_change = now
+        control = nxt
+        caps.append(control.cap)
+    assert changes <= 7200 / P.cooldown_seconds  # at most one change per cooldown on average
+    assert all(P.floor <= c <= P.ceiling for c in caps)
+    assert max(caps) <= P.floor + 7200 / P.cooldown_seconds
+
+
+def test_pressure_reason_orders_the_signals() -> None:
+    assert pressure_reason(CALM, P) is None
+    both = replace(EVICTING, preemptions_per_s=1.0, waiting=9)
+    assert pressure_reason(both, P) == "LivePrefixEviction"
+    assert pressure_reason(replace(both, reprefill_tokens_per_s=None), P) == "Preempting"
+    assert pressure_reason(ReplicaSignals(waiting=2), P) == "Queueing"
+    assert pressure_reason(ReplicaSignals(), P) is None
+
+
+FRESH = replace(CALM, sampled_at=100.0)
+ON = {"enabled": True, "reachable": True}
+HEALTH = [
+    ("disabled", {**ON, "enabled": False, "signals": {"a": FRESH}}, "AutoscalingDisabled", False),
+    ("unreachable", {**ON, "reachable": False, "signals": {}, "error": "timed out"}, "PrometheusUnreachable", False),
+    ("a replica without signals", {**ON, "signals": {"a": FRESH, "b": None}}, "MetricsMissing", False),
+    ("a replica without KV usage", {**ON, "signals": {"a": replace(FRESH, kv_usage=None)}}, "MetricsMissing", False),
+    ("old samples", {**ON, "signals": {"a": replace(FRESH, sampled_at=10.0)}}, "MetricsStale", False),
+    ("no timestamp", {**ON, "signals": {"a": replace(FRESH, sampled_at=None)}}, "MetricsStale", False),
+    ("fresh", {**ON, "signals": {"a": FRESH, "b": FRESH}}, "MetricsAvailable", True),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "reason", "available"), [h[1:] for h in HEALTH], ids=[h[0] for h in HEALTH])
+def test_classify_health(kwargs: dict[str, object], reason: str, available: bool) -> None:
+    health = classify_health(now=120.0, stale_after_seconds=60.0, **kwargs)  # type: ignore[arg-type]
+    assert (health.reason, health.available) == (reason, available)
+    assert health.message
+
+
+def test_classify_health_names_the_replicas() -> None:
+    health = classify_health(
+        enabled=True, reachable=True, signals={"r1": None, "r0": FRESH}, now=120.0, stale_after_seconds=60.0
+    )
+    assert "r1" in health.message
+    assert "r0" not in health.message
+    assert (
+        "timed out"
+        in classify_health(
+            enabled=True, reachable=False, signals={}, now=0.0, stale_after_seconds=60.0, error="timed out"
+        ).message
+    )
