@@ -17,6 +17,8 @@ import yaml
 
 from poolcases import ROOT
 from rolloutpool.localcluster.build import ensure_binaries
+from rolloutpool.localcluster.kubelet_decide import DEFAULT_IMAGE_PATTERN, image_matches
+from rolloutpool.reconcile.labels import DEFAULT_IMAGE, IMAGE_ENV
 
 CHART = ROOT / "charts" / "rolloutpool"
 IMAGE = "ghcr.io/rolloutpool/rolloutpool:0.1.0"
@@ -123,6 +125,9 @@ def test_chart_version_image_and_dockerfile_agree() -> None:
     assert chart["appVersion"] == version
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{version}" == IMAGE
+    # the operator's fallback image, and the process kubelet runs it as a local process
+    assert IMAGE == DEFAULT_IMAGE
+    assert image_matches(IMAGE, patterns=[DEFAULT_IMAGE_PATTERN])
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["rolloutpool"]' in dockerfile
     assert "USER 65532:65532" in dockerfile
@@ -167,7 +172,7 @@ def test_default_render_is_cluster_scoped_operator(helm: Path, tmp_path: Path) -
         "--standalone",
     ]
     env = {e["name"]: e for e in container["env"]}
-    assert env["ROLLOUTPOOL_IMAGE"]["value"] == IMAGE
+    assert env[IMAGE_ENV]["value"] == IMAGE
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -186,6 +191,14 @@ def test_default_render_is_cluster_scoped_operator(helm: Path, tmp_path: Path) -
     (volume,) = pod["volumes"]
     assert volume["name"] == "tmp"
     assert "emptyDir" in volume
+
+
+def test_engines_and_routers_get_the_image_the_operator_runs(helm: Path, tmp_path: Path) -> None:
+    values = {"image": {"repository": "registry.example/rp", "tag": "0.2.0-rc1", "pullPolicy": "Always"}}
+    container = operator_container(render(helm, tmp_path, values))
+    assert container["image"] == "registry.example/rp:0.2.0-rc1"
+    assert {"name": IMAGE_ENV, "value": "registry.example/rp:0.2.0-rc1"} in container["env"]
+    assert container["imagePullPolicy"] == "Always"
 
 
 def test_cluster_scope_binds_a_cluster_role_with_exactly_the_agreed_rules(helm: Path, tmp_path: Path) -> None:
