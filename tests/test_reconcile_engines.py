@@ -252,7 +252,11 @@ class World:
             self.draining[name] = now
             self.actions.append(("drain", name))
         for end in result.end_drain:
-            self.draining.pop(end.name, None)
+            started = self.draining.pop(end.name)
+            if end.reason == "Drained":
+                assert self.live.get(end.name, 0) == 0, f"{end.name} ended its drain with live sessions"
+            elif end.reason == "DrainTimeout":
+                assert now - started >= TIMEOUT, f"{end.name} timed out early"
         for name in result.delete:
             assert "deletionTimestamp" not in self.pods[name]["metadata"], f"{name} deleted twice"
             self.pods[name] = terminating(self.pods[name])
@@ -264,15 +268,15 @@ class World:
             self.pods[name] = running(manifest, ready=False, phase="Pending")
             self.actions.append(("create", name))
 
-    def tick(self) -> None:
-        """Terminating pods go, new pods become ready, live sessions finish one by one."""
+    def tick(self, *, stuck: bool) -> None:
+        """Terminating pods go, new pods become ready, live sessions finish one by one (unless stuck)."""
         for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")]:
             del self.pods[name]
             self.live.pop(name, None)
         for name, pod in self.pods.items():
             self.pods[name] = running(pod)
         for name in self.draining:
-            self.live[name] = max(0, self.live.get(name, 0) - 1)
+            self.live[name] = max(0, self.live.get(name, 0) - (0 if stuck else 1))
 
 
 pod_state = st.sampled_from(["ready", "unready", "failed", "missing", "old-ready", "old-unready"])
@@ -284,10 +288,12 @@ pod_state = st.sampled_from(["ready", "unready", "failed", "missing", "old-ready
     target=st.integers(0, 5),
     states=st.lists(pod_state, min_size=5, max_size=5),
     sessions=st.lists(st.integers(0, 6), min_size=5, max_size=5),
+    stuck=st.booleans(),
 )
 def test_any_world_converges_one_update_drain_at_a_time(
-    start: int, target: int, states: list[str], sessions: list[int]
+    start: int, target: int, states: list[str], sessions: list[int], stuck: bool
 ) -> None:
+    """Sessions that never end (``stuck``) make every drain run into its timeout."""
     spec, desired = desired_for(target, 16384)
     _, everything_new = desired_for(5, 16384)
     _, everything_old = desired_for(5, 32768)
@@ -302,7 +308,7 @@ def test_any_world_converges_one_update_drain_at_a_time(
         )
     world = World(pods=pods, live={E(i): sessions[i] for i in range(5)})
     now = NOW
-    for _ in range(60):
+    for _ in range(200):
         ready = {n for n, p in world.pods.items() if is_ready(p)}
         result = plan_engines(
             spec=spec,
@@ -325,7 +331,7 @@ def test_any_world_converges_one_update_drain_at_a_time(
         world.apply(result, now)
         if result.idle and set(ready) == set(world.pods):
             break
-        world.tick()
+        world.tick(stuck=stuck)
         now += 10
     else:
         pytest.fail(f"no convergence: {world.actions}")

@@ -94,7 +94,57 @@ def _name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name", ""))
 
 
-def plan_engines(  # noqa: PLR0912, PLR0915 -- one decision table, read top to bottom with the module docstring
+@dataclass
+class _Decisions:
+    """The plan being built: what each removal of a pod turns into."""
+
+    pods: Mapping[str, Mapping[str, Any]]
+    live_sessions: Mapping[str, int]
+    draining: Mapping[str, float]
+    now: float
+    timeout: float
+    delete: dict[str, str] = field(default_factory=dict)
+    start: dict[str, str] = field(default_factory=dict)
+    ends: list[DrainEnd] = field(default_factory=list)
+    keep: list[str] = field(default_factory=list)
+
+    def remove(self, name: str, why: str) -> None:
+        """Drain a ready pod; delete an unready one, or a draining one once drained or timed out."""
+        if name in self.draining:
+            if self.live_sessions.get(name, 0) <= 0:
+                self.ends.append(DrainEnd(name, "Drained"))
+            elif self.now - self.draining[name] >= self.timeout:
+                self.ends.append(DrainEnd(name, "DrainTimeout"))
+            else:
+                self.keep.append(name)
+                return
+            self.delete[name] = why
+        elif is_ready(self.pods[name]):
+            self.start[name] = why
+        else:
+            self.delete[name] = why
+
+    def by_index(self, name: str) -> tuple[int, str]:
+        """Sort key: replica index (unknown first), then name."""
+        index = engine_index(self.pods[name])
+        return (-1 if index is None else index, name)
+
+    def roll(self, *, outdated: list[str], unready_wanted: list[str], desired: Mapping[str, Any]) -> None:
+        """Rolling update: unready outdated pods go at once; ready ones one at a time, all others ready."""
+        updating = [n for n in outdated if n not in self.delete]
+        rolling = [n for n in updating if n in self.draining]
+        for name in updating:
+            if not is_ready(self.pods[name]) and name not in self.draining:
+                self.delete[name] = "Update"
+        for name in rolling:
+            self.remove(name, "Update")
+        candidates = [n for n in updating if n not in self.delete and n not in self.draining]
+        if rolling or not candidates or unready_wanted or any(n in self.delete for n in desired):
+            return
+        self.remove(min(candidates, key=lambda n: (self.live_sessions.get(n, 0), self.by_index(n))), "Update")
+
+
+def plan_engines(
     *,
     spec: RolloutPoolSpec,
     desired: Mapping[str, Mapping[str, Any]],
@@ -112,91 +162,36 @@ def plan_engines(  # noqa: PLR0912, PLR0915 -- one decision table, read top to b
     """
     del spec  # the desired pods already carry everything the spec says
     pods = {_name(pod): pod for pod in observed if _name(pod)}
-    create: list[dict[str, Any]] = []
-    delete: dict[str, str] = {}
-    start: dict[str, str] = {}
-    ends: list[DrainEnd] = []
-    keep_draining: list[str] = []
-    waiting = sorted(name for name, pod in pods.items() if is_terminating(pod))
-    missing = sorted(name for name in desired if name not in pods or is_terminating(pods[name]))
-    outdated = sorted(
-        name
-        for name, pod in pods.items()
-        if name in desired and not is_terminating(pod) and needs_update(observed=pod, desired=desired[name])
-    )
-    unready_wanted = [name for name in desired if name not in pods or not is_ready(pods[name])]
+    plan = _Decisions(pods, live_sessions, draining, now, drain_timeout_seconds)
+    present = sorted(name for name, pod in pods.items() if not is_terminating(pod))
+    outdated = [n for n in present if n in desired and needs_update(observed=pods[n], desired=desired[n])]
 
-    def remove(name: str, why: str) -> None:
-        """Drain a ready pod, delete an unready or drained one."""
-        pod = pods[name]
-        if name in draining:
-            started = draining[name]
-            if live_sessions.get(name, 0) <= 0:
-                ends.append(DrainEnd(name, "Drained"))
-            elif now - started >= drain_timeout_seconds:
-                ends.append(DrainEnd(name, "DrainTimeout"))
-            else:
-                keep_draining.append(name)
-                return
-            delete[name] = why
-        elif is_ready(pod):
-            start[name] = why
-        else:
-            delete[name] = why
-
-    def by_index(name: str) -> tuple[int, str]:
-        index = engine_index(pods[name])
-        return (-1 if index is None else index, name)
-
-    # Surplus pods (scale down or names the pool does not use), highest index first.
-    for name in sorted(
-        (n for n in pods if n not in desired and not is_terminating(pods[n])), key=by_index, reverse=True
-    ):
+    # Surplus pods (scale down, or names the pool does not use), highest index first; finished
+    # pods (wanted or not) are deleted at once and the wanted ones recreated once gone.
+    for name in sorted((n for n in present if n not in desired), key=plan.by_index, reverse=True):
         if _finished(pods[name]):
-            delete[name] = "Failed"
+            plan.delete[name] = "Failed"
         else:
-            remove(name, "ScaleDown" if engine_index(pods[name]) is not None else "Unknown")
+            plan.remove(name, "ScaleDown" if engine_index(pods[name]) is not None else "Unknown")
+    for name in present:
+        if name in desired and _finished(pods[name]):
+            plan.delete[name] = "Failed"
+    unready_wanted = [name for name in desired if name not in pods or not is_ready(pods[name])]
+    plan.roll(outdated=outdated, unready_wanted=unready_wanted, desired=desired)
 
-    # Wanted pods that failed: delete at once; they are recreated once gone.
-    for name in sorted(desired):
-        if name in pods and not is_terminating(pods[name]) and _finished(pods[name]):
-            delete[name] = "Failed"
-
-    # Rolling update: unready outdated pods go at once, ready ones one at a time.
-    updating = [n for n in outdated if n not in delete]
-    rolling = [n for n in updating if n in draining]
-    for name in updating:
-        if not is_ready(pods[name]) and name not in draining:
-            delete[name] = "Update"
-    for name in rolling:
-        remove(name, "Update")
-    candidates = [n for n in updating if n not in delete and n not in draining]
-    if not rolling and candidates and not unready_wanted and not any(n in delete for n in desired):
-        first = min(candidates, key=lambda n: (live_sessions.get(n, 0), by_index(n)))
-        remove(first, "Update")
-
-    # Drains that no longer have a reason.
-    going = set(delete) | set(start) | set(keep_draining)
-    for name in sorted(draining):
-        if name in pods and not is_terminating(pods[name]) and name not in going:
-            ends.append(DrainEnd(name, "Cancelled"))
-
-    for name in sorted(desired):
-        if name not in pods:
-            create.append(dict(desired[name]))
-
-    quarantine = sorted(set(keep_draining) | set(start))
-    deadlines = [draining[n] + drain_timeout_seconds - now for n in keep_draining]
-    deadlines += [drain_timeout_seconds for _ in start]
+    going = set(plan.delete) | set(plan.start) | set(plan.keep)
+    cancelled = [DrainEnd(n, "Cancelled") for n in sorted(draining) if n in present and n not in going]
+    deadlines = [draining[n] + drain_timeout_seconds - now for n in plan.keep]
+    deadlines += [drain_timeout_seconds for _ in plan.start]
     return EnginePlan(
-        create=tuple(create),
-        delete=tuple(sorted(delete, key=by_index, reverse=True)),
-        start_drain=tuple(sorted(start, key=by_index, reverse=True)),
-        end_drain=tuple(sorted(ends, key=lambda e: e.name)),
-        quarantine=tuple(quarantine),
-        waiting=tuple(waiting),
+        create=tuple(dict(desired[name]) for name in sorted(desired) if name not in pods),
+        delete=tuple(sorted(plan.delete, key=plan.by_index, reverse=True)),
+        start_drain=tuple(sorted(plan.start, key=plan.by_index, reverse=True)),
+        end_drain=tuple(sorted([*plan.ends, *cancelled], key=lambda e: e.name)),
+        quarantine=tuple(sorted(set(plan.keep) | set(plan.start))),
+        waiting=tuple(sorted(name for name, pod in pods.items() if is_terminating(pod))),
         outdated=tuple(outdated),
-        missing=tuple(missing),
+        missing=tuple(sorted(name for name in desired if name not in pods or is_terminating(pods[name]))),
         recheck_seconds=max(0.0, min(deadlines)) if deadlines else None,
-        reasons={**delete, **start},
+        reasons={**plan.delete, **plan.start},
     )
