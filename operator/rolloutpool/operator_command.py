@@ -48,16 +48,19 @@ def operator_command(  # noqa: PLR0917 - click passes every option as a position
     verbose: bool,
 ) -> None:
     """Run the RolloutPool operator until SIGINT or SIGTERM."""
+
+    if namespaces and all_namespaces:
+        raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    if kubeconfig is not None:
+        # before the kubernetes client is imported: its default kubeconfig path is read at import,
+        # and kopf's login (through that client) uses the default
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+    config_path = os.environ.get("KUBECONFIG")
     import kopf  # noqa: PLC0415 - kopf and the handlers load only when the operator runs
 
     import rolloutpool.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
     from rolloutpool.kube.config import current_namespace  # noqa: PLC0415
 
-    if namespaces and all_namespaces:
-        raise click.UsageError("--namespace and --all-namespaces exclude each other")
-    if kubeconfig is not None:
-        os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's own login reads it too
-    config_path = os.environ.get("KUBECONFIG")
     if not namespaces and not all_namespaces:
         namespaces = (os.environ.get("POD_NAMESPACE") or current_namespace(config_path) or "default",)
     logging.basicConfig(

@@ -43,6 +43,8 @@ class PoolMemory:
     """What the last slow-loop step read (shown in the status until the next step)."""
     health: MetricsHealth | None = None
     """What the last slow-loop step made of its read (the ``MetricsAvailable`` condition)."""
+    passes: int = 0
+    """Passes this process ran over the pool (the first one is always logged)."""
     seen_generation: int | None = None
     """Generation of the last pool event that poked the worker."""
 

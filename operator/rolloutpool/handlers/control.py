@@ -98,6 +98,9 @@ async def control_step(
         return ControlStep(controls, health, {}, stepped=True, next_in=None)
     interval = float(autoscaling.interval_seconds)
     clock = time.monotonic()
+    if not replicas:  # nothing to read yet: the first pass with pods steps at once
+        health = memory.health or MetricsHealth(False, "MetricsMissing", "no engine pods to read metrics of yet")
+        return ControlStep({}, health, {}, stepped=False, next_in=None)
     due = memory.control_at is None or memory.health is None or clock - memory.control_at >= interval
     if due:
         signals, error = await _read(

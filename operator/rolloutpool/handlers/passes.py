@@ -38,7 +38,7 @@ from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating, 
 from rolloutpool.reconcile.labels import ROUTER_PORT, draining_from_pods, engine_selector, router_name, router_selector
 from rolloutpool.reconcile.status import build_status, events_between
 
-__all__ = ["health_from_status", "previous_status", "reconcile_pool", "router_urls", "status_wire"]
+__all__ = ["health_from_status", "previous_status", "reconcile_pool", "router_urls", "status_wire", "unknown_sessions"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ def health_from_status(previous: RolloutPoolStatus | None) -> MetricsHealth:
     return classify_health(enabled=False, reachable=False, signals={}, now=0.0, stale_after_seconds=0.0)
 
 
+def unknown_sessions(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Live sessions to plan with when no router answered: one on every pod, so no drain ends early (pure)."""
+    return {str(p["metadata"]["name"]): 1 for p in pods}
+
+
 def router_urls(router_pods: Sequence[Mapping[str, Any]]) -> list[str]:
     """Base URLs of the router pods that have an IP and are not being deleted (pure)."""
     urls = []
@@ -81,7 +86,13 @@ def router_urls(router_pods: Sequence[Mapping[str, Any]]) -> list[str]:
 
 async def _observe(
     context: OperatorContext, namespace: str, name: str
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None, RouterStats]:
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, RouterStats, bool]:
+    """Engine pods, the router Deployment, the routers' stats, and whether live sessions are known.
+
+    Live sessions are known when a router answered, or when no router pod has an address (no
+    router runs, so no session is placed). Router pods that exist but all fail to answer leave
+    them unknown: a drain then waits for its timeout rather than cut live sessions.
+    """
     api = context.api
     pods, deployment, router_pods = await asyncio.gather(
         asyncio.to_thread(list_children, api, "Pod", namespace, engine_selector(name)),
@@ -90,7 +101,7 @@ async def _observe(
     )
     urls = router_urls(router_pods)
     stats = await asyncio.to_thread(context.router_stats, urls) if urls else RouterStats({}, 0, 0)
-    return pods, deployment, stats
+    return pods, deployment, stats, stats.reachable > 0 or not urls
 
 
 async def _sync_router(
@@ -124,7 +135,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
     generation = (pool.get("metadata") or {}).get("generation")
     previous = previous_status(pool)
     spec, error = parse_spec(pool=pool)
-    pods, deployment, stats = await _observe(context, namespace, name)
+    pods, deployment, stats, known = await _observe(context, namespace, name)
     live = dict(stats.live_sessions)
     draining = draining_from_pods(pods)
     plan: EnginePlan | None = None
@@ -140,7 +151,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
                 spec=spec,
                 desired=desired,
                 observed=pods,
-                live_sessions=live,
+                live_sessions=live if known else unknown_sessions(pods),
                 draining=draining,
                 now=now,
                 drain_timeout_seconds=float(spec.update_strategy.drain_timeout_seconds),
@@ -196,7 +207,9 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
         return None
     took = (time.monotonic() - clock) * 1000
     busy = bool(acted.created or acted.deleted or (plan and (plan.start_drain or plan.end_drain or plan.waiting)))
-    log = _log.info if busy or status_wire(status) != (status_wire(previous) if previous else None) else _log.debug
+    changed = status_wire(status) != (status_wire(previous) if previous else None)
+    log = _log.info if busy or changed or memory.passes == 0 else _log.debug
+    memory.passes += 1
     log(
         "Reconciled RolloutPool pool=%s/%s generation=%s replicas=%d ready=%d created=%d deleted=%d "
         "draining=%d duration_ms=%.0f",

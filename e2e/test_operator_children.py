@@ -1,0 +1,202 @@
+"""The operator creates, reports on and lets go of a RolloutPool's children on a real API server.
+
+``rolloutpool operator`` runs as a process against the session's control plane (etcd,
+kube-apiserver and kube-controller-manager, whose garbage collector deletes the children
+of a deleted pool). No kubelet runs yet: the tests fake it by writing pod status (IP,
+Ready) through the status subresource (see ``test_operator_kit.play_kubelet``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.localcluster.cluster import LocalCluster, free_port
+from rolloutpool.reconcile.caps import replica_caps
+from test_operator_kit import (
+    EXAMPLES,
+    OperatorProcess,
+    api,
+    apply_pool,
+    child_pods,
+    condition,
+    dumps,
+    eventually,
+    namespace,
+    play_kubelet,
+    pool_status,
+)
+
+NS = "op-children"
+ROUTER_KINDS = ("serviceaccount", "role", "rolebinding", "service", "deployment")
+LABELS = {
+    "app.kubernetes.io/name": "rolloutpool",
+    "app.kubernetes.io/managed-by": "rolloutpool-operator",
+    "rolloutpool.io/component": "engine",
+}
+
+
+@pytest.fixture
+def kube(cluster: LocalCluster) -> Iterator[tuple[client.CoreV1Api, client.CustomObjectsApi]]:
+    connection = api(cluster)
+    try:
+        yield client.CoreV1Api(connection), client.CustomObjectsApi(connection)
+    finally:
+        connection.close()
+
+
+def _router_objects(cluster: LocalCluster, ns: str, pool: str) -> dict[str, dict[str, object]]:
+    found = {}
+    for kind in ROUTER_KINDS:
+        result = cluster.kubectl("get", kind, f"{pool}-router", "-n", ns, "-o", "yaml", check=False)
+        if result.returncode == 0:
+            found[kind] = yaml.safe_load(result.stdout)
+    return found
+
+
+def _uids(cluster: LocalCluster, ns: str) -> dict[str, str]:
+    out = cluster.kubectl("get", ",".join(("pods", *ROUTER_KINDS, "replicasets")), "-n", ns, "-o", "yaml").stdout
+    items = yaml.safe_load(out)["items"]
+    return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["uid"] for o in items}
+
+
+def test_example_pools_get_children_status_and_survive_restart(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    """Both examples: owned, labelled children; status and printer columns; restart adds nothing; GC."""
+    core, custom = kube
+    with namespace(cluster, NS) as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log") as operator:
+        started = time.monotonic()
+        sim = apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
+        vllm = apply_pool(cluster, ns, EXAMPLES / "vllm-pool.yaml")
+        eventually(lambda: len(child_pods(core, ns, "sim-grpo")) == 4, what="4 simulated engine pods")
+        eventually(lambda: len(_router_objects(cluster, ns, "sim-grpo")) == 5, what="5 router objects")
+        print(f"apply -> simulated pool's children created: {time.monotonic() - started:.2f}s")
+        eventually(lambda: len(child_pods(core, ns, "qwen3-8b-grpo")) == 8, what="8 vLLM engine pods")
+
+        pools = {
+            name: custom.get_namespaced_custom_object("rolloutpool.io", "v1alpha1", ns, "rolloutpools", name)
+            for name in ("sim-grpo", "qwen3-8b-grpo")
+        }
+        for pool_name, pool in pools.items():
+            owner = {"kind": "RolloutPool", "name": pool_name, "uid": pool["metadata"]["uid"], "controller": True}
+            for pod_name, pod in child_pods(core, ns, pool_name).items():
+                meta = pod["metadata"]
+                assert {
+                    **LABELS,
+                    "rolloutpool.io/pool": pool_name,
+                    "app.kubernetes.io/instance": pool_name,
+                }.items() <= (meta["labels"].items()), dumps(meta)
+                assert meta["labels"]["rolloutpool.io/index"] == pod_name.rsplit("-", 1)[1]
+                assert {k: meta["ownerReferences"][0][k] for k in owner} == owner
+                assert meta["annotations"]["prometheus.io/port"] == "8000"
+                assert meta["annotations"]["rolloutpool.io/spec-hash"]
+            for kind, obj in _router_objects(cluster, ns, pool_name).items():
+                assert obj["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"], kind
+                assert obj["metadata"]["labels"]["rolloutpool.io/component"] == "router", kind
+
+        sim_pod = child_pods(core, ns, "sim-grpo")["sim-grpo-engine-2"]["spec"]["containers"][0]
+        assert sim_pod["command"] == ["rolloutpool", "engine-sim"]
+        assert "--kv-capacity-tokens=400000" in sim_pod["args"]
+        vllm_pod = child_pods(core, ns, "qwen3-8b-grpo")["qwen3-8b-grpo-engine-7"]["spec"]
+        engine = vllm_pod["containers"][0]
+        assert engine["image"] == vllm["spec"]["engine"]["image"]
+        assert {"--max-model-len=32768", "--enable-prefix-caching", "--enable-prompt-tokens-details"} <= set(
+            engine["args"]
+        )
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert engine["startupProbe"]["failureThreshold"] * engine["startupProbe"]["periodSeconds"] >= 600
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in vllm_pod["tolerations"]
+        assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in vllm_pod["volumes"])
+        role = _router_objects(cluster, ns, "sim-grpo")["role"]
+        assert {tuple(r["resources"]) for r in role["rules"]} == {("pods",), ("rolloutpools",)}
+        assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in role["rules"])
+
+        # the kubelet's part, faked: every simulated engine pod runs and is ready
+        for index, name in enumerate(sorted(child_pods(core, ns, "sim-grpo"))):
+            play_kubelet(core, ns, name, ip=f"127.0.9.{index + 1}")
+        status = eventually(
+            lambda: (s := pool_status(custom, ns, "sim-grpo")).get("readyReplicas") == 4 and s,
+            what="readyReplicas 4",
+        )
+        assert status["replicas"] == 4
+        assert status["observedGeneration"] == 1
+        assert [r["name"] for r in status["replicaStatus"]] == [f"sim-grpo-engine-{i}" for i in range(4)]
+        caps = replica_caps(spec=RolloutPoolSpec.model_validate(sim["spec"]))
+        assert caps is not None
+        assert {r["cap"] for r in status["replicaStatus"]} == {caps.initial}
+        assert condition(status, "Progressing")["status"] == "False"
+        assert condition(status, "MetricsAvailable")["reason"] == "AutoscalingDisabled"
+        table = cluster.kubectl("get", "rp", "-n", ns).stdout
+        print(table)
+        row = next(line.split() for line in table.splitlines() if line.startswith("sim-grpo "))
+        assert row[1:5] == ["4", "4", "0", "0"], table
+
+        # vLLM example: Prometheus at an unresolvable address -> unreachable, caps at the floor
+        vllm_status = eventually(
+            lambda: (s := pool_status(custom, ns, "qwen3-8b-grpo")).get("replicas") == 8 and s, what="vLLM status"
+        )
+        vllm_floor = replica_caps(spec=RolloutPoolSpec.model_validate(vllm["spec"]))
+        assert vllm_floor is not None
+        assert condition(vllm_status, "MetricsAvailable")["reason"] == "PrometheusUnreachable"
+        assert {r["cap"] for r in vllm_status["replicaStatus"]} == {vllm_floor.floor}
+
+        before = _uids(cluster, ns)
+        operator.stop()
+        marker = len(operator.logs())
+        operator.start()
+        eventually(
+            lambda: (
+                "Reconciled RolloutPool pool=op-children/sim-grpo" in operator.logs()[marker:]
+                and "Reconciled RolloutPool pool=op-children/qwen3-8b-grpo" in operator.logs()[marker:]
+            ),
+            what="a pass of both pools after the restart",
+        )
+        assert _uids(cluster, ns) == before, "the restarted operator created or replaced children"
+
+        cluster.kubectl("delete", "rp", "sim-grpo", "-n", ns, "--wait=false")
+        eventually(lambda: not child_pods(core, ns, "sim-grpo"), timeout=60, what="GC of the engine pods")
+        eventually(lambda: not _router_objects(cluster, ns, "sim-grpo"), timeout=60, what="GC of the router")
+        assert len(child_pods(core, ns, "qwen3-8b-grpo")) == 8
+
+
+def test_invalid_spec_and_unreachable_prometheus(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    """A cap ceiling below the floor: Ready=False naming the field, no children. A closed Prometheus port: floors."""
+    core, custom = kube
+    base = yaml.safe_load((EXAMPLES / "simulated-pool.yaml").read_text())
+    invalid = copy.deepcopy(base)
+    invalid["metadata"]["name"] = "too-tight"
+    invalid["spec"]["concurrency"]["maxSessionsPerReplica"] = 5  # floor is 400000 // 32768 = 12
+    blind = copy.deepcopy(base)
+    blind["metadata"]["name"] = "blind"
+    blind["spec"]["replicas"] = 2
+    blind["spec"]["autoscaling"] = {"enabled": True, "prometheusUrl": f"http://127.0.0.1:{free_port()}"}
+    with namespace(cluster, "op-invalid") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
+        apply_pool(cluster, ns, invalid)
+        apply_pool(cluster, ns, blind)
+        status = eventually(lambda: condition(pool_status(custom, ns, "too-tight"), "Ready"), what="Ready condition")
+        assert status["status"] == "False"
+        assert status["reason"] == "InvalidMaxSessionsPerReplica"
+        assert "spec.concurrency.maxSessionsPerReplica" in status["message"]
+        blind_status = eventually(
+            lambda: (s := pool_status(custom, ns, "blind")).get("replicas") == 2 and s, what="blind pool status"
+        )
+        metrics = condition(blind_status, "MetricsAvailable")
+        assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnreachable"), dumps(metrics)
+        floor = replica_caps(spec=RolloutPoolSpec.model_validate(blind["spec"]))
+        assert floor is not None
+        assert {r["cap"] for r in blind_status["replicaStatus"]} == {floor.floor}
+        # the blind pool had passes since the invalid one was reported: the invalid one got no children
+        assert child_pods(core, ns, "too-tight") == {}
+        assert _router_objects(cluster, ns, "too-tight") == {}
+        events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=too-tight").stdout
+        assert "InvalidMaxSessionsPerReplica" in events, events
