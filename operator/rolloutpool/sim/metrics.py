@@ -53,6 +53,8 @@ class RunResult:
     max_live_per_replica: int
     mean_live_per_replica: float
     quarantines: int
+    cache_evicted_blocks: int
+    """Cached blocks evicted to make room (any session's, live or finished: stock vLLM's LRU churn)."""
     samples: list[Sample] = field(default_factory=list, repr=False)
     mean_cap: float | None = None
     """Adaptive policy: the mean per-replica cap over the run's control steps."""
@@ -117,6 +119,7 @@ def summarize(
         max_live_per_replica=max(lives, default=0),
         mean_live_per_replica=float(np.mean(lives)) if lives else 0.0,
         quarantines=quarantines,
+        cache_evicted_blocks=sum(e.pool.evictions for e in engines),
         samples=samples,
         mean_cap=float(np.mean([p.cap for p in law.points])) if law is not None and law.points else None,
         law_cuts=None if law is None else law.cuts,
