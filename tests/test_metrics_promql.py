@@ -99,18 +99,22 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     assert queries["kv_usage"] == (
         f"max by (pod) (vllm:kv_cache_usage_perc{{{engine}}}) or max by (pod) (vllm:gpu_cache_usage_perc{{{engine}}})"
     )
-    assert queries["preemptions_per_s"] == f"sum by (pod) (rate(vllm:num_preemptions_total{{{engine}}}[60s]))"
-    assert queries["waiting"] == f"sum by (pod) (vllm:num_requests_waiting{{{engine}}})"
+    assert queries["preemptions_per_s"] == (
+        f"sum by (pod) (max by (pod, engine) (rate(vllm:num_preemptions_total{{{engine}}}[60s])))"
+    )
+    assert queries["waiting"] == f"sum by (pod) (max by (pod, engine) (vllm:num_requests_waiting{{{engine}}}))"
     assert queries["prefix_hit_ratio"] == (
-        f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{engine}}}[60s]))"
-        f" / sum by (pod) (rate(vllm:prefix_cache_queries_total{{{engine}}}[60s]))"
+        f"sum by (pod) (max by (pod, engine) (rate(vllm:prefix_cache_hits_total{{{engine}}}[60s])))"
+        f" / sum by (pod) (max by (pod, engine) (rate(vllm:prefix_cache_queries_total{{{engine}}}[60s])))"
     )
     assert queries["cache_config"] == f"vllm:cache_config_info{{{engine}}}"
     assert queries["engine_sampled_at"] == f"max by (pod) (timestamp(vllm:num_requests_waiting{{{engine}}}))"
     assert queries["reprefill_tokens_per_s"] == (
-        f"sum by (replica) (rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[60s]))"
+        f"sum by (replica) (max by (replica, pod) (rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[60s])))"
     )
-    assert queries["live_sessions"] == f"sum by (replica) (rolloutpool_router_live_sessions{{{router}}})"
+    assert queries["live_sessions"] == (
+        f"sum by (replica) (max by (replica, pod) (rolloutpool_router_live_sessions{{{router}}}))"
+    )
     assert queries["router_sampled_at"] == (
         f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))"
     )

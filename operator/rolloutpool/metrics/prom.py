@@ -92,7 +92,8 @@ class PrometheusSignals:
         netloc = parts.netloc.rpartition("@")[2]
         base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         extra: dict[str, Any] = {"auth": (user, password)} if user or password else {}
-        # no retries (read=False lets a read timeout surface as one): a failed read is reported at once and the control loop tries again next interval
+        # no retries (read=False lets a read timeout surface as one): a failed read is reported at
+        # once, and the control loop tries again next interval
         self._client = PrometheusConnect(url=base, retry=Retry(total=0, read=False, raise_on_status=False), **extra)
         self._query: Callable[..., Any] = self._client.custom_query
 

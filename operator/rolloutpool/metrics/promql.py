@@ -72,12 +72,23 @@ def promql_duration(seconds: float) -> str:
     return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
 
 
+def _engine_sum(expr: str) -> str:
+    # one value per engine (the same pod scraped by two jobs counts once), summed over the pod's engines
+    return f"sum by (pod) (max by (pod, engine) ({expr}))"
+
+
+def _router_sum(expr: str) -> str:
+    # one value per router pod (deduplicated across jobs), summed over router pods
+    return f"sum by (replica) (max by (replica, pod) ({expr}))"
+
+
 def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: float) -> dict[str, str]:
     """The PromQL of one read, keyed by :data:`QUERY_NAMES` (pure).
 
-    Engine queries aggregate ``by (pod)`` (a pod may run several engines), router queries
-    ``by (replica)`` (summed over router pods). ``kv_usage`` falls back per pod to vLLM's
-    older ``gpu_cache_usage_perc`` when ``kv_cache_usage_perc`` is absent.
+    Engine queries aggregate ``by (pod)`` (summed over a pod's engines), router queries
+    ``by (replica)`` (summed over router pods); series scraped twice by different jobs count
+    once. ``kv_usage`` falls back per pod to vLLM's older ``gpu_cache_usage_perc`` when
+    ``kv_cache_usage_perc`` is absent.
     """
     if not replicas:
         raise ValueError("at least one replica is needed")
@@ -90,18 +101,17 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "kv_usage": (
             f"max by (pod) ({ENGINE_KV_USAGE}{{{engine}}}) or max by (pod) ({ENGINE_KV_USAGE_OLD}{{{engine}}})"
         ),
-        "preemptions_per_s": f"sum by (pod) (rate(vllm:num_preemptions_total{{{engine}}}[{w}]))",
-        "waiting": f"sum by (pod) ({_WAITING}{{{engine}}})",
+        "preemptions_per_s": _engine_sum(f"rate(vllm:num_preemptions_total{{{engine}}}[{w}])"),
+        "waiting": _engine_sum(f"{_WAITING}{{{engine}}}"),
         "prefix_hit_ratio": (
-            f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{engine}}}[{w}]))"
-            f" / sum by (pod) (rate(vllm:prefix_cache_queries_total{{{engine}}}[{w}]))"
+            _engine_sum(f"rate(vllm:prefix_cache_hits_total{{{engine}}}[{w}])")
+            + " / "
+            + _engine_sum(f"rate(vllm:prefix_cache_queries_total{{{engine}}}[{w}])")
         ),
         "cache_config": f"vllm:cache_config_info{{{engine}}}",
         "engine_sampled_at": f"max by (pod) (timestamp({_WAITING}{{{engine}}}))",
-        "reprefill_tokens_per_s": (
-            f"sum by (replica) (rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}]))"
-        ),
-        "live_sessions": f"sum by (replica) (rolloutpool_router_live_sessions{{{router}}})",
+        "reprefill_tokens_per_s": _router_sum(f"rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}])"),
+        "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
     }
 
