@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -296,3 +299,36 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
     assert other.processes() == {}
     cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")  # no kubelet left to do it
     assert os.path.isdir(tmp_path / "k" / "pods")
+
+
+def test_killed_kubelet_process_takes_its_pods_along(cluster: LocalCluster, tmp_path: Path) -> None:
+    ns = _namespace(cluster, "kl-sigkill")
+    command = default_executables()["rolloutpool"]
+    argv = [command, "localcluster", "kubelet", f"--dir={tmp_path}", f"--kubeconfig={cluster.kubeconfig}"]
+    argv += ["--node-name=kl-sigkill-node", "--scheduler-name=kl-sigkill"]
+    with open(tmp_path / "kubelet.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _apply(cluster, _pod("victim", ns, schedulerName="kl-sigkill"))
+        _wait("Ready", lambda: _ready(_get(cluster, "pod", "victim", ns)))
+        pids = _pids_with_cwd(tmp_path / "kubelet" / "pods")
+        assert len(pids) == 1
+        os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
+        proc.wait(timeout=10)
+        _wait("pod process gone", lambda: not any(_alive(p) for p in pids), timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
+
+
+def _pids_with_cwd(root: Path) -> list[int]:
+    """PIDs whose working directory is under ``root`` (the pod directories of a kubelet)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd").startswith(str(root)):
+                    found.append(int(entry))
+    return found

@@ -18,6 +18,7 @@ from rolloutpool.api import RolloutPool
 from rolloutpool.api.crd import render_crd
 from rolloutpool.bench.cli_command import bench_command
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
+from rolloutpool.localcluster.kubelet_cli import kubelet_command
 from rolloutpool.operator_command import operator_command
 from rolloutpool.planner import PlanInputs, plan_rows
 from rolloutpool.sim.cli_command import caps_command
@@ -414,13 +415,17 @@ _dir_option = click.option(
 
 @localcluster.command("up")
 @_dir_option
-def localcluster_up(directory: Path) -> None:
+@click.option("--kubelet", is_flag=True, help="Also run the process kubelet (pods of our image run as processes).")
+def localcluster_up(directory: Path, kubelet: bool) -> None:
     """Build (once) and start the control plane in the background."""
     from rolloutpool.localcluster.cluster import LocalCluster  # noqa: PLC0415 - keep `plan` fast
 
-    cluster = LocalCluster(directory, detach=True, log=_console.log).start()
+    cluster = LocalCluster(directory, detach=True, log=_console.log, kubelet=kubelet).start()
     click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
     click.echo(f"export PATH={cluster.binaries.kubectl.parent}:$PATH")
+
+
+localcluster.add_command(kubelet_command)
 
 
 @localcluster.command("down")

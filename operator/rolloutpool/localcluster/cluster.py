@@ -94,8 +94,10 @@ class LocalCluster:
         detach: bool = False,
         log: Log = print,
         ready_timeout: float = 120.0,
+        kubelet: bool = False,
     ) -> None:
         self.directory = directory
+        self.with_kubelet = kubelet  # run `rolloutpool localcluster kubelet` (the process kubelet) as a child
         self.detach = detach
         self.log = log
         self.ready_timeout = ready_timeout
@@ -167,6 +169,8 @@ class LocalCluster:
             self._wait_ready()
             self._start_controller_manager(bins, cm_port)
             self._wait_default_serviceaccount()
+            if self.with_kubelet:
+                self._start_kubelet()
         except BaseException:
             self.stop()
             raise
@@ -282,6 +286,21 @@ class LocalCluster:
                 "--v=1",
             ],
         )
+
+    def _start_kubelet(self) -> None:
+        """The process kubelet as a child (pods in ``<dir>/kubelet``); waits until its Node is Ready."""
+        from rolloutpool.localcluster.kubelet import default_executables  # noqa: PLC0415 - only with kubelet=True
+
+        command = default_executables().get("rolloutpool", "rolloutpool")
+        self._spawn("kubelet", [command, "localcluster", "kubelet", f"--dir={self.directory}"])
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            ready = self.kubectl("get", "nodes", "-o", "name", check=False).stdout.strip()
+            if ready:
+                return
+            time.sleep(0.3)
+        raise TimeoutError("the process kubelet did not register its Node in time")
 
     def _write_kubeconfig(self) -> None:
         pki = self._require_pki()

@@ -232,8 +232,8 @@ class ProcessKubelet:
             runs = list(self._runs.values())
         now = time.time()
         for run in runs:
-            run.terminate(now=now, grace_seconds=min(run.grace_seconds, 10.0))
-        deadline = now + 11.0
+            run.terminate(now=now, grace_seconds=min(run.grace_seconds, 5.0))
+        deadline = now + 6.0
         assert self._executor is not None  # noqa: S101 - set in start()
         while any(r.running() for r in runs) and time.time() < deadline:
             for run in runs:

@@ -2,8 +2,8 @@
 
 :class:`PodRun` is driven by the kubelet's loop thread through :meth:`PodRun.tick`;
 it never talks to the API server. Each container runs in its own process group
-(``start_new_session``) with ``PR_SET_PDEATHSIG`` so that the death of the loop
-thread's process takes it down too; stopping sends SIGTERM to the group, waits the
+(``start_new_session``) with ``PR_SET_PDEATHSIG`` (SIGKILL) so that the death of the
+kubelet's loop thread, even by SIGKILL, takes it down too; stopping sends SIGTERM to the group, waits the
 grace period, then SIGKILL. Probes run on a shared thread pool and are collected on
 the next tick.
 """
@@ -43,7 +43,7 @@ _RESET_AFTER_SECONDS = 600.0  # a container that ran this long starts its back-o
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
