@@ -24,6 +24,14 @@ from rolloutpool.reconcile.labels import DEFAULT_IMAGE, pool_selector
 from rolloutpool.reconcile.status import build_status
 
 EXAMPLE_FILES = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
+PLACED = {  # a vLLM pool with everything passed through to the pod: node selector, tolerations, TP 2
+    "gpusPerReplica": 2,
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rollouts", "effect": "NoSchedule"}],
+    "extraArgs": ["--max-num-seqs=128", "--enforce-eager"],
+}
+CASES = [pytest.param(name, {}, id=name.removesuffix(".yaml")) for name in EXAMPLE_FILES]
+CASES.append(pytest.param("vllm-pool.yaml", PLACED, id="vllm-placed"))
 
 
 def _dry_run_create(cluster: LocalCluster, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -32,13 +40,16 @@ def _dry_run_create(cluster: LocalCluster, manifest: dict[str, Any]) -> dict[str
     return created
 
 
-@pytest.mark.parametrize("example", EXAMPLE_FILES)
-def test_every_child_and_the_status_pass_the_api_server(cluster: LocalCluster, example: str) -> None:
-    namespace = "dryrun-" + example.removesuffix(".yaml")
+@pytest.mark.parametrize(("example", "engine"), CASES)
+def test_every_child_and_the_status_pass_the_api_server(
+    cluster: LocalCluster, example: str, engine: dict[str, Any]
+) -> None:
+    namespace = f"dryrun-{example.removesuffix('.yaml')}-{len(engine)}"
     cluster.kubectl("create", "namespace", namespace)
     try:
         manifest = load_example(example)
         manifest["metadata"]["namespace"] = namespace
+        manifest["spec"]["engine"].update(engine)
         cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump(manifest))
         name = manifest["metadata"]["name"]
         pool: dict[str, Any] = json.loads(cluster.kubectl("get", "rp", name, "-n", namespace, "-o", "json").stdout)
@@ -55,6 +66,10 @@ def test_every_child_and_the_status_pass_the_api_server(cluster: LocalCluster, e
             assert answer["metadata"]["uid"], what
             assert answer["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"], what
             assert not needs_update(observed=answer, desired=child), f"server defaults changed {what}"
+            if child["kind"] == "Pod" and engine:
+                assert answer["spec"]["nodeSelector"] == engine["nodeSelector"], what
+                assert all(t in answer["spec"]["tolerations"] for t in engine["tolerations"]), what
+                assert answer["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}, what
 
         # nothing was stored
         listed = cluster.kubectl(

@@ -389,3 +389,17 @@ def test_needs_update_for_every_router_object() -> None:
         b["kind"] for b, a in zip(before, after, strict=True) if needs_update(observed=copy.deepcopy(b), desired=a)
     ]
     assert changed == ["Deployment"]
+
+
+@given(residency=st.floats(0.01, 1.0), headroom=st.floats(0.0, 0.9), time_scale=st.floats(0.001, 10000))
+def test_numbers_reach_the_command_line_unrounded(residency: float, headroom: float, time_scale: float) -> None:
+    pool = pool_object("simulated-pool.yaml")
+    pool["spec"]["concurrency"] = {"expectedResidency": residency, "headroom": headroom}
+    pool["spec"]["engine"]["simulator"]["timeScale"] = time_scale
+    spec = spec_of(pool)
+    args = container(router_objects(pool=pool, spec=spec, default_image=IMAGE)[-1]["spec"]["template"])["args"]
+    values = dict(a.removeprefix("--").split("=", 1) for a in args)
+    assert float(values["residency"]) == residency
+    assert float(values["headroom"]) == headroom
+    engine_args = container(engine_pod(pool=pool, spec=spec, index=0, default_image=IMAGE))["args"]
+    assert float(dict(a.removeprefix("--").split("=", 1) for a in engine_args if "=" in a)["time-scale"]) == time_scale

@@ -47,6 +47,11 @@ STATE_PATH = "/var/lib/rolloutpool/state.json"
 _NON_ROOT_UID = 65532
 
 
+def _number(value: float) -> str:
+    """A command-line number: ``10`` for 10.0, the shortest exact form otherwise (never rounded)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def spec_hash(manifest: Mapping[str, Any]) -> str:
     """Stable hash of a manifest without its own ``rolloutpool.io/spec-hash`` annotation (pure)."""
     body = copy.deepcopy(dict(manifest))
@@ -125,7 +130,7 @@ def _vllm_container(spec: RolloutPoolSpec) -> dict[str, Any]:
         f"--max-model-len={engine.max_model_len}",
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
-        f"--gpu-memory-utilization={engine.gpu_memory_utilization:g}",
+        f"--gpu-memory-utilization={_number(engine.gpu_memory_utilization)}",
         f"--tensor-parallel-size={tp}",
         *engine.extra_args,
     ]
@@ -171,7 +176,7 @@ def _simulated_container(spec: RolloutPoolSpec, index: int, image: str) -> dict[
         args.append(f"--kv-capacity-tokens={engine.kv_capacity_tokens}")
     args += [
         f"--hardware={simulator.hardware if simulator else 'h100-80gb'}",
-        f"--time-scale={simulator.time_scale if simulator else 1.0:g}",
+        f"--time-scale={_number(simulator.time_scale if simulator else 1.0)}",
         f"--seed={index}",
         *engine.extra_args,
     ]
@@ -243,12 +248,12 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         f"--discover-selector={engine_selector(pool_name)}",
         f"--pool={pool_name}",
         f"--idle-timeout={router.idle_timeout_seconds}",
-        f"--queue-timeout={max(router.queue_timeout_seconds, 0.01):g}",  # the router waits at least 10 ms
+        f"--queue-timeout={_number(max(router.queue_timeout_seconds, 0.01))}",  # the router waits at least 10 ms
         f"--queue-max={router.max_queue_length}",
         f"--state-path={STATE_PATH}",
         f"--max-model-len={spec.engine.max_model_len}",
-        f"--residency={concurrency.expected_residency:g}",
-        f"--headroom={concurrency.headroom:g}",
+        f"--residency={_number(concurrency.expected_residency)}",
+        f"--headroom={_number(concurrency.headroom)}",
     ]
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
