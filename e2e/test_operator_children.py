@@ -12,6 +12,7 @@ import copy
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,10 +50,10 @@ def kube(cluster: LocalCluster) -> Iterator[tuple[client.CoreV1Api, client.Custo
     try:
         yield client.CoreV1Api(connection), client.CustomObjectsApi(connection)
     finally:
-        connection.close()
+        connection.close()  # type: ignore[no-untyped-call]
 
 
-def _router_objects(cluster: LocalCluster, ns: str, pool: str) -> dict[str, dict[str, object]]:
+def _router_objects(cluster: LocalCluster, ns: str, pool: str) -> dict[str, Any]:
     found = {}
     for kind in ROUTER_KINDS:
         result = cluster.kubectl("get", kind, f"{pool}-router", "-n", ns, "-o", "yaml", check=False)
@@ -81,7 +82,7 @@ def test_example_pools_get_children_status_and_survive_restart(
         print(f"apply -> simulated pool's children created: {time.monotonic() - started:.2f}s")
         eventually(lambda: len(child_pods(core, ns, "qwen3-8b-grpo")) == 8, what="8 vLLM engine pods")
 
-        pools = {
+        pools: dict[str, Any] = {
             name: custom.get_namespaced_custom_object("rolloutpool.io", "v1alpha1", ns, "rolloutpools", name)
             for name in ("sim-grpo", "qwen3-8b-grpo")
         }

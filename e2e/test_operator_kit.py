@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from kubernetes import client
@@ -42,11 +42,10 @@ __all__ = [
     "pool_status",
 ]
 
-T = TypeVar("T")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def eventually(check: Callable[[], T], *, timeout: float = 30.0, what: str = "condition") -> T:
+def eventually(check: Callable[[], Any], *, timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``check`` until it returns something truthy, and return that; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -197,7 +196,7 @@ def play_kubelet(core: client.CoreV1Api, ns: str, name: str, *, ip: str, ready: 
 
 def pool_status(custom: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
     """The pool's status (empty until the operator writes one)."""
-    pool = custom.get_namespaced_custom_object("rolloutpool.io", "v1alpha1", ns, "rolloutpools", name)
+    pool: Any = custom.get_namespaced_custom_object("rolloutpool.io", "v1alpha1", ns, "rolloutpools", name)
     status: dict[str, Any] = pool.get("status") or {}
     return status
 

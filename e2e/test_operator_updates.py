@@ -1,0 +1,186 @@
+"""Scale down drains before deleting, a spec change replaces replicas one at a time, a lost pod comes back.
+
+``rolloutpool operator`` runs as a process against the session's real control plane. No
+kubelet runs yet: the tests fake it, writing pod status (IP, Ready) through the status
+subresource. The router is faked too: its pod (created by the real Deployment and
+ReplicaSet controllers) is given a loopback IP where :class:`FakeRouter` serves the
+router's ``/metrics`` with the live sessions per replica the test chooses.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rolloutpool.localcluster.cluster import LocalCluster
+from test_operator_kit import (
+    EXAMPLES,
+    FakeRouter,
+    OperatorProcess,
+    api,
+    apply_pool,
+    child_pods,
+    condition,
+    dumps,
+    eventually,
+    namespace,
+    play_kubelet,
+    pool_status,
+)
+
+
+@pytest.fixture
+def kube(cluster: LocalCluster) -> Iterator[tuple[client.CoreV1Api, client.CustomObjectsApi]]:
+    connection = api(cluster)
+    try:
+        yield client.CoreV1Api(connection), client.CustomObjectsApi(connection)
+    finally:
+        connection.close()  # type: ignore[no-untyped-call]
+
+
+def _pool(name: str, replicas: int, drain_timeout: int = 600) -> dict[str, Any]:
+    body: dict[str, Any] = copy.deepcopy(yaml.safe_load((EXAMPLES / "simulated-pool.yaml").read_text()))
+    body["metadata"]["name"] = name
+    body["spec"]["replicas"] = replicas
+    body["spec"]["updateStrategy"] = {"drainTimeoutSeconds": drain_timeout}
+    return body
+
+
+def _patch_spec(custom: client.CustomObjectsApi, ns: str, name: str, spec: dict[str, Any]) -> None:
+    custom.patch_namespaced_custom_object(
+        "rolloutpool.io",
+        "v1alpha1",
+        ns,
+        "rolloutpools",
+        name,
+        {"spec": spec},
+        _content_type="application/merge-patch+json",
+    )
+
+
+def _entry(status: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next((r for r in status.get("replicaStatus") or [] if r["name"] == name), {})
+    return found
+
+
+def _events(cluster: LocalCluster, ns: str, pool: str) -> str:
+    return cluster.kubectl("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pool}").stdout
+
+
+def _loopback() -> str:
+    """A loopback address unlikely to be in use by another test (the fake router binds :8080 on it)."""
+    return f"127.{10 + secrets.randbelow(240)}.{1 + secrets.randbelow(250)}.{1 + secrets.randbelow(250)}"
+
+
+def test_scale_down_drains_live_sessions_then_times_out(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    """A replica with live sessions drains (quarantined) until they end; a drain timeout deletes it anyway."""
+    core, custom = kube
+    router_ip = _loopback()
+    with (
+        namespace(cluster, "op-drain") as ns,
+        FakeRouter(router_ip) as router,
+        OperatorProcess(cluster, ns, tmp_path / "operator.log"),
+    ):
+        apply_pool(cluster, ns, _pool("drainy", 3))
+        pods = eventually(lambda: len(p := child_pods(core, ns, "drainy")) == 3 and p, what="3 engine pods")
+        for index, name in enumerate(sorted(pods)):
+            play_kubelet(core, ns, name, ip=f"127.0.8.{index + 1}")
+        routers = eventually(lambda: child_pods(core, ns, "drainy", "router"), what="a router pod")
+        router.live = {"drainy-engine-1": 1, "drainy-engine-2": 2}
+        play_kubelet(core, ns, next(iter(routers)), ip=router_ip)
+        eventually(lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 3, what="live sessions 3")
+
+        _patch_spec(custom, ns, "drainy", {"replicas": 2})
+        status = eventually(
+            lambda: _entry(s := pool_status(custom, ns, "drainy"), "drainy-engine-2").get("reason") == "Draining" and s,
+            what="engine 2 draining",
+        )
+        assert _entry(status, "drainy-engine-2")["quarantined"] is True
+        assert condition(status, "ReplicasQuarantined")["reason"] == "Draining"
+        router.live = {"drainy-engine-1": 1, "drainy-engine-2": 1}  # one session ends; the drain goes on
+        eventually(lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 2, what="a pass seeing 2 sessions")
+        assert "drainy-engine-2" in child_pods(core, ns, "drainy"), "deleted with a live session left"
+        router.live = {"drainy-engine-1": 1}
+        eventually(lambda: "drainy-engine-2" not in child_pods(core, ns, "drainy"), what="drained replica deleted")
+        status = eventually(lambda: (s := pool_status(custom, ns, "drainy")).get("replicas") == 2 and s, what="2")
+        assert condition(status, "ReplicasQuarantined")["status"] == "False", dumps(status)
+        events = _events(cluster, ns, "drainy")
+        assert "DrainStarted" in events, events
+        assert "Drained drainy-engine-2" in events, events
+
+        # the drain timeout: engine 1 keeps a session, and goes after 2 s anyway
+        _patch_spec(custom, ns, "drainy", {"replicas": 1, "updateStrategy": {"drainTimeoutSeconds": 2}})
+        draining = eventually(
+            lambda: (
+                (p := child_pods(core, ns, "drainy").get("drainy-engine-1"))
+                and p["metadata"]["annotations"].get("rolloutpool.io/drain-started")
+            ),
+            what="drain of engine 1 recorded on the pod",
+        )
+        eventually(lambda: "drainy-engine-1" not in child_pods(core, ns, "drainy"), what="timed-out replica deleted")
+        waited = time.time() - float(draining)
+        print(f"drain timeout 2 s: replica deleted {waited:.2f}s after its drain started")
+        assert waited >= 2.0
+        assert "timed out with 1 live sessions" in _events(cluster, ns, "drainy")
+
+
+def test_spec_change_replaces_one_at_a_time_and_lost_pods_return(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    """A deleted pod is recreated; a spec change drains and replaces replicas one at a time."""
+    core, custom = kube
+    with namespace(cluster, "op-rolling") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
+        apply_pool(cluster, ns, _pool("rolly", 3))
+        pods = eventually(lambda: len(p := child_pods(core, ns, "rolly")) == 3 and p, what="3 engine pods")
+        ips = {name: f"127.0.7.{i + 1}" for i, name in enumerate(sorted(pods))}
+        for name, ip in ips.items():
+            play_kubelet(core, ns, name, ip=ip)
+        eventually(lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3, what="3 ready")
+
+        lost = pods["rolly-engine-1"]["metadata"]["uid"]
+        cluster.kubectl("delete", "pod", "rolly-engine-1", "-n", ns, "--wait=false")
+        back = eventually(
+            lambda: (p := child_pods(core, ns, "rolly").get("rolly-engine-1")) and p["metadata"]["uid"] != lost and p,
+            what="engine 1 recreated",
+        )
+        play_kubelet(core, ns, "rolly-engine-1", ip=ips["rolly-engine-1"])
+        eventually(lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3, what="3 ready again")
+
+        old = {name: pod["metadata"]["uid"] for name, pod in child_pods(core, ns, "rolly").items()}
+        assert old["rolly-engine-1"] == back["metadata"]["uid"]
+        _patch_spec(custom, ns, "rolly", {"engine": {"simulator": {"timeScale": 20}}})
+        worst, order = 0, []
+        deadline = time.monotonic() + 90
+        while True:
+            current = child_pods(core, ns, "rolly")
+            for name, pod in current.items():
+                if pod["metadata"]["uid"] != old[name] and not pod.get("status", {}).get("podIP"):
+                    order.append(name)
+                    play_kubelet(core, ns, name, ip=ips[name])  # the faked kubelet starts the new pod
+            unready = [n for n in old if n not in current or not current[n].get("status", {}).get("podIP")]
+            worst = max(worst, len(unready))
+            if all(current.get(n, {}).get("metadata", {}).get("uid") not in (None, old[n]) for n in old):
+                break
+            assert time.monotonic() < deadline, f"rolling update stuck: {dumps(current)}"
+            time.sleep(0.05)
+        print(f"rolling update order: {order}; most replicas missing at once: {worst}")
+        assert sorted(order) == sorted(old)
+        assert worst <= 1
+        status = eventually(
+            lambda: condition(s := pool_status(custom, ns, "rolly"), "Progressing").get("reason") == "Reconciled" and s,
+            what="Progressing=False Reconciled",
+        )
+        assert status["readyReplicas"] == 3
+        args = child_pods(core, ns, "rolly")["rolly-engine-0"]["spec"]["containers"][0]["args"]
+        assert "--time-scale=20" in args
+        assert _events(cluster, ns, "rolly").count("DrainStarted") >= 3
