@@ -352,13 +352,17 @@ def test_terminating_pods_leave_the_table() -> None:
 def test_metrics_condition_and_signals() -> None:
     pool = pool_object()
     down = MetricsHealth(False, "PrometheusUnreachable", "Prometheus query failed: refused")
-    signals: dict[str, ReplicaSignals | None] = {E(0): ReplicaSignals(kv_usage=1.2, kv_capacity_tokens=123_456)}
+    signals: dict[str, ReplicaSignals | None] = {
+        E(0): ReplicaSignals(kv_usage=1.2, kv_capacity_tokens=123_456),
+        E(2): ReplicaSignals(kv_usage=float("nan")),
+    }
     status = status_of(pool, pods_of(pool), health=down, signals=signals)
     metrics = cond(status, "MetricsAvailable")
     assert (metrics.status, metrics.reason, metrics.message) == ("False", down.reason, down.message)
     assert status.replica_status[0].kv_usage == 1.0
     assert status.replica_status[0].kv_capacity_tokens == 123_456
     assert status.replica_status[1].kv_usage is None
+    assert status.replica_status[2].kv_usage is None  # NaN from Prometheus is no reading
 
 
 def test_transition_times_survive_passes_and_flip_once() -> None:
@@ -459,3 +463,11 @@ def test_no_events_without_a_previous_status_or_for_new_replicas() -> None:
     current = RolloutPoolStatus(replica_status=[_entry(E(0), quarantined=True, reason="Preempting")])
     assert events_between(None, current) == []
     assert events_between(RolloutPoolStatus(), current) == []
+
+
+def test_drains_come_from_the_plan_when_there_is_one() -> None:
+    pool = pool_object()
+    without_plan = status_of(pool, pods_of(pool), draining={E(1): 0.0})
+    assert [(e.quarantined, e.reason) for e in without_plan.replica_status][1] == (True, "Draining")
+    failed_while_draining = status_of(pool, pods_of(pool), draining={E(1): 0.0}, plan=EnginePlan(delete=(E(1),)))
+    assert [(e.quarantined, e.reason) for e in failed_while_draining.replica_status][1] == (False, None)

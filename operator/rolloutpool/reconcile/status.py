@@ -8,6 +8,7 @@ changed between two statuses come from ``events_between`` (re-exported here).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -103,7 +104,7 @@ def _replica_entry(
         ready=is_ready(pod),
         live_sessions=max(0, live),
         kv_capacity_tokens=capacity,
-        kv_usage=None if usage is None else min(1.0, max(0.0, usage)),
+        kv_usage=None if usage is None or not math.isfinite(usage) else min(1.0, max(0.0, usage)),
         quarantined=quarantined,
         reason=reason,
         **law,
@@ -233,7 +234,7 @@ def build_status(
     estimate = estimated_kv_capacity_tokens(spec) if spec else None
     old_entries = {entry.name: entry for entry in previous.replica_status} if previous else {}
     ending = {end.name: end.reason for end in plan.end_drain} if plan else {}
-    drains = set(draining) | (set(plan.start_drain) if plan else set())
+    drains = set(plan.quarantine) if plan else set(draining)  # the plan knows which drains go on
 
     live_pods = {str(p["metadata"]["name"]): p for p in pods if (p.get("metadata") or {}).get("name")}
     entries: list[ReplicaStatus] = []
