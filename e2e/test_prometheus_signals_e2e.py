@@ -14,6 +14,7 @@ import contextlib
 import http.server
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,14 +214,26 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         assert idle_control.cap >= 8
 
 
-async def test_kv_usage_falls_back_to_the_older_metric_name(fleet: Fleet) -> None:
+async def test_kv_usage_falls_back_to_the_older_metric_name_and_duplicates_count_once(fleet: Fleet) -> None:
     config = static_scrape_config(fleet.targets, scrape_interval_seconds=1.0)
+    # a second job scrapes the legacy engine again (as a PodMonitor beside the annotations would)
+    legacy_targets = [t for t in fleet.targets if t.labels["pod"] == LEGACY]
+    config["scrape_configs"] += static_scrape_config(legacy_targets, job="duplicate")["scrape_configs"]
+    count = urllib.parse.quote(f'count(vllm:num_requests_waiting{{pod="{LEGACY}"}})')
+
+    def scraped_by_both_jobs(_signals: object) -> bool:
+        result = prom.api(f"query?query={count}")["result"]
+        return bool(result) and result[0]["value"][1] == "2"
+
     with PrometheusServer(config) as prom, PrometheusSignals(prom.url) as reader:
-        signals = await read_until(reader, [LEGACY, "rl-pool-engine-9"], lambda s: s[LEGACY] is not None)
+        await read_until(reader, [LEGACY], scraped_by_both_jobs)
+        signals = await asyncio.to_thread(
+            reader.read, namespace=NAMESPACE, replicas=[LEGACY, "rl-pool-engine-9"], window_seconds=WINDOW
+        )
     legacy = signals[LEGACY]
     assert legacy is not None
     assert legacy.kv_usage == 0.375
-    assert legacy.waiting == 2.0
+    assert legacy.waiting == 2.0, "two jobs scrape it: still counted once"
     assert legacy.kv_capacity_tokens == 1600
     assert signals["rl-pool-engine-9"] is None
 
