@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from poolcases import invalid_cases, load_example
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.api.status import Condition, ReplicaStatus, RolloutPoolStatus
+from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import (
     DEFAULT_CEILING,
@@ -248,6 +250,29 @@ def test_set_condition_keeps_transition_time_unless_status_flips() -> None:
     )
     assert [c.type for c in other] == ["Ready", "Degraded"]
     assert other[0] == flipped[0]
+
+
+STATUSES: list[ConditionStatus] = ["True", "False", "Unknown"]
+
+
+@given(st.lists(st.sampled_from(STATUSES), min_size=1, max_size=12))
+def test_transition_time_moves_exactly_when_the_status_flips(statuses: list[ConditionStatus]) -> None:
+    conditions: list[Condition] = []
+    for step, value in enumerate(statuses):
+        now = T0 + timedelta(seconds=step)
+        before = conditions[0] if conditions else None
+        conditions = set_condition(
+            conditions,
+            type="Ready",
+            status=value,
+            reason="R",
+            message="",
+            observed_generation=step,
+            now=now,
+        )
+        expected = now if before is None or before.status != value else before.last_transition_time
+        assert conditions[0].last_transition_time == expected
+        assert len(conditions) == 1
 
 
 def test_healthy_pool() -> None:
