@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
@@ -187,3 +188,16 @@ def test_the_timeout_bounds_the_whole_read(fake_api: Callable[..., FakeApi]) -> 
             reader.read(namespace="ns", replicas=["a"], window_seconds=30)
         assert time.monotonic() - started < 2.0
     assert 1 < len(api.queries) < 9
+
+
+def test_reads_from_several_threads_take_turns(fake_api: Callable[..., FakeApi]) -> None:
+    def respond(query: str) -> Answer:
+        if query.startswith("max by (pod) (vllm:kv_cache_usage_perc"):
+            return success([{"metric": {"pod": "a"}, "value": [NOW, "0.25"]}])
+        return success([])
+
+    api = fake_api(respond)
+    with PrometheusSignals(api.url) as reader, ThreadPoolExecutor(max_workers=8) as pool:
+        reads = [pool.submit(reader.read, namespace="ns", replicas=["a"], window_seconds=30) for _ in range(16)]
+        assert all(r.result(timeout=30) == {"a": ReplicaSignals(kv_usage=0.25)} for r in reads)
+    assert len(api.queries) == 16 * 9

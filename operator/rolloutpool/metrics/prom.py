@@ -9,6 +9,7 @@ the parsing live in :mod:`rolloutpool.metrics.promql` (pure); this module only s
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -77,6 +78,7 @@ class PrometheusSignals:
     ``url`` may carry ``user:password@`` (sent as basic auth, never shown). One HTTP session
     is kept for the reader's life; :meth:`close` (or ``with``) releases it. A read fails as a
     whole with :class:`PrometheusUnreachable`; ``timeout_seconds`` bounds the whole read.
+    Reads from several threads (``asyncio.to_thread`` per pool) take turns on the session.
     """
 
     def __init__(self, url: str, *, timeout_seconds: float = 5.0) -> None:
@@ -96,6 +98,7 @@ class PrometheusSignals:
         # once, and the control loop tries again next interval
         self._client = PrometheusConnect(url=base, retry=Retry(total=0, read=False, raise_on_status=False), **extra)
         self._query: Callable[..., Any] = self._client.custom_query
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Release the HTTP session."""
@@ -132,13 +135,14 @@ class PrometheusSignals:
         if not replicas:
             return {}
         queries = build_queries(namespace=namespace, replicas=replicas, window_seconds=window_seconds)
-        deadline = time.monotonic() + self.timeout_seconds
-        results: dict[str, list[Mapping[str, Any]]] = {}
-        for name in QUERY_NAMES:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PrometheusUnreachable(
-                    f"Prometheus at {self.url} did not answer every query within {self.timeout_seconds:g}s"
-                )
-            results[name] = self.query(queries[name], timeout_seconds=remaining)
+        with self._lock:
+            deadline = time.monotonic() + self.timeout_seconds
+            results: dict[str, list[Mapping[str, Any]]] = {}
+            for name in QUERY_NAMES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PrometheusUnreachable(
+                        f"Prometheus at {self.url} did not answer every query within {self.timeout_seconds:g}s"
+                    )
+                results[name] = self.query(queries[name], timeout_seconds=remaining)
         return assemble_signals(results, replicas=replicas)
