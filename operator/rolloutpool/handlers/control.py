@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.autoscale import MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
-from rolloutpool.handlers.context import OperatorContext, PoolMemory
+from rolloutpool.handlers.context import PoolMemory, SignalsReader
 from rolloutpool.metrics.prom import PrometheusUnreachable
 from rolloutpool.reconcile.caps import controls_from_status, plan_controls
 
@@ -50,10 +49,10 @@ def stale_after_seconds(interval: float) -> float:
 
 
 async def _read(
-    context: OperatorContext, url: str, *, namespace: str, replicas: Sequence[str], interval: float
+    prometheus: Callable[[str], SignalsReader], url: str, *, namespace: str, replicas: Sequence[str], interval: float
 ) -> tuple[Mapping[str, ReplicaSignals | None], str | None]:
     try:
-        reader = context.prometheus(url)
+        reader = prometheus(url)
         signals = await asyncio.to_thread(
             reader.read, namespace=namespace, replicas=replicas, window_seconds=window_seconds(interval)
         )
@@ -63,7 +62,7 @@ async def _read(
 
 
 async def control_step(
-    context: OperatorContext,
+    prometheus: Callable[[str], SignalsReader],
     memory: PoolMemory,
     *,
     namespace: str,
@@ -72,8 +71,12 @@ async def control_step(
     replicas: Sequence[str],
     previous: RolloutPoolStatus | None,
     now: float,
+    clock: float,
 ) -> ControlStep:
     """One pass's caps: a law step when due (reading Prometheus first), otherwise the kept ones.
+
+    ``prometheus`` gives the reader of a URL; ``now`` is wall time (the law's cooldowns),
+    ``clock`` monotonic time (when the next step is due).
 
     Raises ``ValueError`` naming the spec field when the spec cannot be served.
     """
@@ -97,14 +100,13 @@ async def control_step(
         )
         return ControlStep(controls, health, {}, stepped=True, next_in=None)
     interval = float(autoscaling.interval_seconds)
-    clock = time.monotonic()
     if not replicas:  # nothing to read yet: the first pass with pods steps at once
         health = memory.health or MetricsHealth(False, "MetricsMissing", "no engine pods to read metrics of yet")
         return ControlStep({}, health, {}, stepped=False, next_in=None)
     due = memory.control_at is None or memory.health is None or clock - memory.control_at >= interval
     if due:
         signals, error = await _read(
-            context, autoscaling.prometheus_url, namespace=namespace, replicas=replicas, interval=interval
+            prometheus, autoscaling.prometheus_url, namespace=namespace, replicas=replicas, interval=interval
         )
         memory.health = classify_health(
             enabled=True,

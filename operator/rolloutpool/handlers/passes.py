@@ -158,7 +158,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
             )
             replicas = sorted(str(p["metadata"]["name"]) for p in pods if not is_terminating(p))
             step = await control_step(
-                context,
+                context.prometheus,
                 memory,
                 namespace=namespace,
                 pool=name,
@@ -166,6 +166,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
                 replicas=replicas,
                 previous=previous,
                 now=now,
+                clock=time.monotonic(),
             )
         except ValueError as exc:  # the spec cannot be served after all: report, change nothing
             error, plan = str(exc), None

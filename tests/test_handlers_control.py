@@ -1,0 +1,184 @@
+"""The slow loop inside a pass (with a fake Prometheus reader and injected clocks), and the pass's pure helpers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.api.status import ReplicaStatus, RolloutPoolStatus
+from rolloutpool.autoscale import ReplicaSignals
+from rolloutpool.handlers.context import PoolMemory
+from rolloutpool.handlers.control import control_step, stale_after_seconds, window_seconds
+from rolloutpool.handlers.passes import (
+    health_from_status,
+    previous_status,
+    router_urls,
+    status_wire,
+    unknown_sessions,
+)
+from rolloutpool.metrics.prom import PrometheusUnreachable
+from rolloutpool.reconcile.caps import replica_caps
+
+SPEC: dict[str, Any] = {
+    "replicas": 2,
+    "engine": {"kind": "simulated", "model": "m", "maxModelLen": 32768, "kvCapacityTokens": 400000},
+    "concurrency": {"expectedResidency": 0.5, "headroom": 0.1},
+    "autoscaling": {"enabled": True, "prometheusUrl": "http://prom:9090", "intervalSeconds": 15},
+}
+NAMES = ["p-engine-0", "p-engine-1"]
+NOW = 1_800_000_000.0
+
+
+class Reader:
+    """A PrometheusSignals stand-in: answers with fixed signals, or fails."""
+
+    def __init__(self, signals: Mapping[str, ReplicaSignals | None] | None = None, error: str | None = None) -> None:
+        self.signals = dict(signals or {})
+        self.error = error
+        self.reads: list[tuple[str, tuple[str, ...], float]] = []
+
+    def read(
+        self, *, namespace: str, replicas: Sequence[str], window_seconds: float
+    ) -> Mapping[str, ReplicaSignals | None]:
+        self.reads.append((namespace, tuple(replicas), window_seconds))
+        if self.error is not None:
+            raise PrometheusUnreachable(self.error)
+        return {name: self.signals.get(name) for name in replicas}
+
+
+def _spec(**autoscaling: Any) -> RolloutPoolSpec:
+    raw = copy.deepcopy(SPEC)
+    raw["autoscaling"].update(autoscaling)
+    return RolloutPoolSpec.model_validate(raw)
+
+
+def _fresh(usage: float = 0.2) -> ReplicaSignals:
+    return ReplicaSignals(kv_usage=usage, kv_capacity_tokens=400000, sampled_at=NOW - 1)
+
+
+async def _step(reader: Reader, memory: PoolMemory, *, spec: RolloutPoolSpec, clock: float, **kwargs: Any) -> Any:
+    kwargs.setdefault("replicas", NAMES)
+    kwargs.setdefault("previous", None)
+    kwargs.setdefault("now", NOW)
+    return await control_step(lambda _url: reader, memory, namespace="ns", pool="p", spec=spec, clock=clock, **kwargs)
+
+
+async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_the_floor() -> None:
+    reader, memory, spec = Reader({n: _fresh() for n in NAMES}), PoolMemory(), _spec()
+    floor = replica_caps(spec=spec)
+    assert floor is not None
+    first = await _step(reader, memory, spec=spec, clock=100.0)
+    assert first.stepped
+    assert first.health.reason == "MetricsAvailable"
+    assert {c.cap for c in first.controls.values()} == {floor.floor + 1}  # no pressure, usage low: raised
+    assert reader.reads == [("ns", tuple(NAMES), window_seconds(15))]
+
+    previous = RolloutPoolStatus(
+        replica_status=[
+            ReplicaStatus(name=n, index=i, cap=c.cap, cap_changed_at=datetime.fromtimestamp(c.changed_at, tz=UTC))
+            for i, (n, c) in enumerate(first.controls.items())
+        ]
+    )
+    later = await _step(reader, memory, spec=spec, clock=110.0, previous=previous, replicas=[*NAMES, "p-engine-2"])
+    assert not later.stepped
+    assert later.next_in == pytest.approx(5.0)
+    assert len(reader.reads) == 1
+    assert later.controls["p-engine-0"].cap == floor.floor + 1
+    assert later.controls["p-engine-2"].cap == floor.floor
+
+    again = await _step(reader, memory, spec=spec, clock=115.0, previous=previous)
+    assert again.stepped
+    assert len(reader.reads) == 2
+
+
+async def test_unreachable_prometheus_falls_back_to_the_floor_and_says_why() -> None:
+    reader, memory, spec = Reader(error="Prometheus at http://prom:9090 refused the connection"), PoolMemory(), _spec()
+    floor = replica_caps(spec=spec)
+    assert floor is not None
+    previous = RolloutPoolStatus(replica_status=[ReplicaStatus(name=n, index=i, cap=30) for i, n in enumerate(NAMES)])
+    step = await _step(reader, memory, spec=spec, clock=0.0, previous=previous)
+    assert (step.health.available, step.health.reason) == (False, "PrometheusUnreachable")
+    assert "refused the connection" in step.health.message
+    assert {c.cap for c in step.controls.values()} == {floor.floor}
+    assert not any(c.quarantined for c in step.controls.values())
+
+
+async def test_no_replicas_reads_nothing_and_the_first_pass_with_pods_steps_at_once() -> None:
+    reader, memory, spec = Reader({n: _fresh() for n in NAMES}), PoolMemory(), _spec()
+    empty = await _step(reader, memory, spec=spec, clock=0.0, replicas=[])
+    assert (empty.health.available, empty.health.reason, empty.controls) == (False, "MetricsMissing", {})
+    assert reader.reads == []
+    step = await _step(reader, memory, spec=spec, clock=1.0)
+    assert step.stepped
+    assert len(reader.reads) == 1
+
+
+async def test_disabled_autoscaling_gives_the_spec_cap_every_pass_without_reading() -> None:
+    raw = copy.deepcopy(SPEC)
+    raw["autoscaling"] = {"enabled": False}
+    spec = RolloutPoolSpec.model_validate(raw)
+    reader = Reader()
+    step = await _step(reader, PoolMemory(), spec=spec, clock=0.0)
+    caps = replica_caps(spec=spec)
+    assert caps is not None
+    assert {c.cap for c in step.controls.values()} == {caps.initial}
+    assert step.health.reason == "AutoscalingDisabled"
+    assert step.next_in is None
+    assert reader.reads == []
+
+
+async def test_pressure_cuts_the_cap_and_quarantines() -> None:
+    spec = _spec()
+    previous = RolloutPoolStatus(replica_status=[ReplicaStatus(name=n, index=i, cap=40) for i, n in enumerate(NAMES)])
+    hot = ReplicaSignals(kv_usage=0.99, preemptions_per_s=2.0, kv_capacity_tokens=400000, sampled_at=NOW - 1)
+    reader = Reader({"p-engine-0": hot, "p-engine-1": _fresh(0.8)})
+    step = await _step(reader, PoolMemory(), spec=spec, clock=0.0, previous=previous)
+    assert (step.controls["p-engine-0"].cap, step.controls["p-engine-0"].quarantined) == (28, True)
+    assert step.controls["p-engine-0"].reason == "Preempting"
+    assert (step.controls["p-engine-1"].cap, step.controls["p-engine-1"].quarantined) == (40, False)
+
+
+def test_windows_and_staleness_grow_with_the_interval() -> None:
+    assert window_seconds(5) == 30.0
+    assert window_seconds(60) == 120.0
+    assert stale_after_seconds(15) == 60.0
+
+
+def test_router_urls_skip_pods_without_ip_or_being_deleted() -> None:
+    pods = [
+        {"metadata": {"name": "a"}, "status": {"podIP": "10.0.0.2"}},
+        {"metadata": {"name": "b"}, "status": {}},
+        {"metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"podIP": "10.0.0.3"}},
+        {"metadata": {"name": "d"}, "status": {"podIP": "fd00::1"}},
+    ]
+    assert router_urls(pods) == ["http://10.0.0.2:8080", "http://[fd00::1]:8080"]
+
+
+def test_unknown_sessions_hold_every_drain() -> None:
+    assert unknown_sessions([{"metadata": {"name": "x"}}, {"metadata": {"name": "y"}}]) == {"x": 1, "y": 1}
+
+
+def test_previous_status_tolerates_missing_and_garbled_status() -> None:
+    assert previous_status({}) is None
+    assert previous_status({"status": {"replicas": -3}}) is None
+    parsed = previous_status({"status": {"replicas": 2, "conditions": []}})
+    assert parsed is not None
+    assert status_wire(parsed)["replicas"] == 2
+
+
+def test_health_from_status_keeps_the_recorded_metrics_condition() -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    status = RolloutPoolStatus.model_validate(
+        {
+            "conditions": [
+                {"type": "MetricsAvailable", "status": "False", "reason": "MetricsStale", "lastTransitionTime": when}
+            ]
+        }
+    )
+    assert health_from_status(status).reason == "MetricsStale"
+    assert health_from_status(None).reason == "AutoscalingDisabled"
