@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -183,10 +182,10 @@ def test_controls_survive_a_restart_through_the_status() -> None:
 
 
 def test_the_law_state_round_trips_through_the_status_wire() -> None:
-    has_limit = "limit" in {f.name for f in dataclasses.fields(ReplicaControl)}
-    learned: dict[str, Any] = {"limit": 18, "limit_at": T0.timestamp() - 5} if has_limit else {}
     controls = {
-        E(0): ReplicaControl(cap=16, changed_at=T0.timestamp(), quarantined=False, reason="Raised", **learned),
+        E(0): ReplicaControl(
+            cap=16, changed_at=T0.timestamp(), quarantined=False, reason="Raised", limit=18, limit_at=T0.timestamp() - 5
+        ),
         E(1): ReplicaControl(cap=12, changed_at=T0.timestamp() - 60, quarantined=True, reason="Preempting"),
     }
     pool = pool_object()

@@ -9,7 +9,6 @@ restart (``controls_from_status``) and runs one control step for every replica
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -43,8 +42,6 @@ __all__ = [
 
 DEFAULT_CEILING = 100_000
 """Ceiling of the law when ``maxSessionsPerReplica`` is unset (the schema's own maximum)."""
-
-_CONTROL_FIELDS = frozenset(f.name for f in dataclasses.fields(ReplicaControl))
 
 DRAIN_REASONS = frozenset({"Draining", "Drained", "DrainTimeout", "Terminating"})
 """Replica-status reasons of the operator's lifecycle quarantine, not of the control law."""
@@ -173,15 +170,14 @@ def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaC
         if entry.cap is None:
             continue
         lifecycle = entry.reason in DRAIN_REASONS
-        state: dict[str, Any] = {
-            "cap": entry.cap,
-            "changed_at": _timestamp(entry.cap_changed_at),
-            "quarantined": entry.quarantined and not lifecycle,
-            "reason": entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason),
-            "limit": entry.cap_limit,
-            "limit_at": _timestamp(entry.cap_limit_at),
-        }
-        controls[entry.name] = ReplicaControl(**{k: v for k, v in state.items() if k in _CONTROL_FIELDS})
+        controls[entry.name] = ReplicaControl(
+            cap=entry.cap,
+            changed_at=_timestamp(entry.cap_changed_at),
+            quarantined=entry.quarantined and not lifecycle,
+            reason=entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason),
+            limit=entry.cap_limit,
+            limit_at=_timestamp(entry.cap_limit_at),
+        )
     return controls
 
 

@@ -90,8 +90,8 @@ def _replica_entry(
             "cap": control.cap,
             "cap_changed_at": _utc(control.changed_at),
             "cap_reason": control.reason,
-            "cap_limit": getattr(control, "limit", None),
-            "cap_limit_at": _utc(getattr(control, "limit_at", None)),
+            "cap_limit": control.limit,
+            "cap_limit_at": _utc(control.limit_at),
         }
         quarantined, reason = control.quarantined, control.reason if control.quarantined else None
     elif old is not None:
