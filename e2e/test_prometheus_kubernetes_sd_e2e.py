@@ -10,7 +10,6 @@ an unannotated pod must be dropped.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -21,12 +20,7 @@ import pytest
 
 from rolloutpool.bench.processes import ProcessSet, free_port, rolloutpool_argv
 from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus import (
-    PodDiscoveryBridge,
-    PrometheusServer,
-    kubernetes_sd_available,
-    local_cluster_scrape_config,
-)
+from rolloutpool.localcluster.prometheus import local_cluster_prometheus
 from rolloutpool.metrics.prom import PrometheusSignals
 
 NAMESPACE = "prom-sd"
@@ -90,14 +84,7 @@ def test_kubernetes_sd_discovers_annotated_pods_and_labels_their_series(
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
         give_pod_ip(cluster, name)
 
-    with contextlib.ExitStack() as stack:
-        bridge = None
-        if not kubernetes_sd_available():
-            bridge = stack.enter_context(PodDiscoveryBridge(cluster, namespaces=[namespace]))
-        config = local_cluster_scrape_config(
-            cluster, namespaces=[namespace], scrape_interval_seconds=1.0, bridge=bridge
-        )
-        prom = stack.enter_context(PrometheusServer(config))
+    with local_cluster_prometheus(cluster, namespaces=[namespace], scrape_interval_seconds=1.0) as prom:
         deadline = time.monotonic() + 60
         while True:
             active = prom.api("targets?state=active")["activeTargets"]
@@ -126,3 +113,10 @@ def test_kubernetes_sd_discovers_annotated_pods_and_labels_their_series(
         assert found.kv_capacity_tokens == 4096
         pool_series = prom.api(f"query?query=count(vllm:num_requests_waiting{{rolloutpool_io_pool=%22{POOL}%22}})")
         assert pool_series["result"][0]["value"][1] == "1"
+
+        # discovery follows the API server: a deleted pod stops being a target
+        cluster.kubectl("delete", "pod", "sdpool-engine-0", "-n", NAMESPACE, "--grace-period=0", "--force")
+        deadline = time.monotonic() + 60
+        while prom.api("targets?state=active")["activeTargets"]:
+            assert time.monotonic() < deadline, "the deleted pod is still a target"
+            time.sleep(0.5)

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +47,7 @@ __all__ = [
     "http_sd_pods_scrape_config",
     "kubernetes_pods_scrape_config",
     "kubernetes_sd_available",
+    "local_cluster_prometheus",
     "local_cluster_scrape_config",
     "pod_targets",
     "static_scrape_config",
@@ -490,3 +491,25 @@ class PrometheusServer:
                 last = str(err)
             time.sleep(0.1)
         raise TimeoutError(f"prometheus not ready after {self.ready_timeout:.0f}s: {last}")
+
+
+@contextlib.contextmanager
+def local_cluster_prometheus(
+    cluster: LocalCluster,
+    *,
+    namespaces: Sequence[str] = (),
+    scrape_interval_seconds: float = 1.0,
+    binary: Path | None = None,
+) -> Iterator[PrometheusServer]:
+    """A running Prometheus scraping the annotated pods of ``cluster``; everything stopped on exit.
+
+    Uses kubernetes_sd when the binary has it, otherwise a :class:`PodDiscoveryBridge`.
+    """
+    with contextlib.ExitStack() as stack:
+        bridge = None
+        if not kubernetes_sd_available(binary):
+            bridge = stack.enter_context(PodDiscoveryBridge(cluster, namespaces=namespaces))
+        config = local_cluster_scrape_config(
+            cluster, namespaces=namespaces, scrape_interval_seconds=scrape_interval_seconds, bridge=bridge
+        )
+        yield stack.enter_context(PrometheusServer(config, binary=binary))
