@@ -297,6 +297,9 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
         assert all(_alive(p) for p in pids)
     assert not any(_alive(p) for p in pids)
     assert other.processes() == {}
+    node = _get(cluster, "node", "kl-stop-node", "default")
+    assert node is not None
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "False"
     cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")  # no kubelet left to do it
     assert os.path.isdir(tmp_path / "k" / "pods")
 
@@ -332,3 +335,69 @@ def _pids_with_cwd(root: Path) -> list[int]:
                 if os.readlink(f"/proc/{entry}/cwd").startswith(str(root)):
                     found.append(int(entry))
     return found
+
+
+_VOLUME_PROBE = """
+import os, sys
+out = sys.argv[1]
+with open(out, "w") as f:
+    f.write("written")
+print("out", out)
+print("level", os.environ["LEVEL"], "token", os.environ["TOKEN"], "tmp", os.environ["TMPDIR"])
+print("secret-file", open(sys.argv[2]).read())
+print("ca", os.path.exists(sys.argv[3]))
+"""
+
+
+def test_volumes_config_maps_and_secrets(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
+    ns = _namespace(cluster, "kl-volumes")
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cfg", "namespace": ns},
+        "data": {"level": "debug"},
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "sec", "namespace": ns},
+        "stringData": {"token": "s3cret"},
+    }
+    args = ["/state/out.txt", "/etc/sec/token", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"]
+    container = {
+        "env": [
+            {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "level"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "token"}}},
+        ],
+        "readinessProbe": None,
+        "volumeMounts": [
+            {"name": "state", "mountPath": "/state"},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's emptyDir
+            {"name": "sec", "mountPath": "/etc/sec", "readOnly": True},
+        ],
+    }
+    volumes = [
+        {"name": "state", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "sec", "secret": {"secretName": "sec"}},
+    ]
+    pod = _pod(
+        "vols",
+        ns,
+        command=["python", "-c", _VOLUME_PROBE, *args],
+        restartPolicy="Never",
+        container=container,
+        volumes=volumes,
+    )
+    _apply(cluster, config_map, secret, pod)
+    _wait(
+        "Succeeded", lambda: ((_get(cluster, "pod", "vols", ns) or {}).get("status") or {}).get("phase") == "Succeeded"
+    )
+    directory = kubelet.pod_directory(ns, "vols")
+    assert directory is not None
+    assert (directory / "volumes" / "state" / "out.txt").read_text() == "written"
+    output = (directory / "logs" / "engine.log").read_text()
+    assert f"out {directory}/volumes/state/out.txt" in output
+    assert f"level debug token s3cret tmp {directory}/volumes/tmp" in output
+    assert "secret-file s3cret" in output
+    assert "ca True" in output  # the projected kube-api-access volume carries the cluster CA

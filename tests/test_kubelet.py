@@ -138,6 +138,10 @@ def test_substitute_paths_maps_mounts_at_path_boundaries() -> None:
     assert substitute_paths("/state", mounts=mounts) == "/k/pods/p/volumes/state"
     assert substitute_paths("/etc/tok/token", mounts=mounts) == "/k/tok/token"
     assert substitute_paths("/statefile /x/state/y", mounts=mounts) == "/statefile /x/state/y"  # not a mount
+    # one pass: a host path that itself starts with a mount path is not mapped again
+    nested = {"/state": "/scratch/pod/volumes/state", "/scratch": "/scratch/pod/volumes/scratch"}
+    mapped = substitute_paths("/state/x /scratch/y", mounts=nested)
+    assert mapped == "/scratch/pod/volumes/state/x /scratch/pod/volumes/scratch/y"
     assert (
         substitute_paths("a=/state,b=/state/q", mounts=mounts)
         == "a=/k/pods/p/volumes/state,b=/k/pods/p/volumes/state/q"

@@ -73,7 +73,21 @@ def _api_target(kubeconfig: Path, directory: Path) -> ApiTarget:
 
 
 class ProcessKubelet:
-    """A node of one machine: schedules, runs and reports pods of our image as processes."""
+    """A node of one machine: schedules, runs and reports pods of our image as processes.
+
+    ``kubeconfig`` is an admin kubeconfig of the cluster (the kubelet's own identity;
+    pods never see it); ``directory`` holds one directory per pod (its kubeconfig,
+    volumes and ``logs/<container>.log``, kept after the pod is gone). The Node
+    advertises ``cpu``, ``memory``, ``max_pods`` and ``gpus`` (``nvidia.com/gpu``),
+    plus ``node_labels`` and ``taints``. Pods naming ``scheduler_name`` are bound here.
+    ``images`` are regular expressions of the images run as processes; ``executables``
+    maps a container's argv[0] to a program (default: ``rolloutpool`` -> this
+    virtualenv's command); any other argv[0] fails the container with
+    ``CreateContainerConfigError``. Crashed containers restart after ``backoff_base``
+    seconds, doubling up to ``backoff_cap``. Pods are listed every ``poll_interval``
+    seconds; processes and probes are driven every ``tick_interval`` seconds; the
+    Lease and Ready heartbeat are renewed every ``renew_interval`` seconds.
+    """
 
     def __init__(
         self,
@@ -171,6 +185,8 @@ class ProcessKubelet:
                 run.kill_now()
             self._runs.clear()
         if self._api is not None:
+            with contextlib.suppress(Exception):  # best effort: the API server may be gone already
+                self._agent.not_ready(now=time.time())
             self._api.close()  # type: ignore[no-untyped-call]
             self._api = None
 

@@ -207,11 +207,12 @@ def substitute_paths(text: str, *, mounts: Mapping[str, str]) -> str:
     becomes ``--state-path=<pod dir>/volumes/<volume>/x``. The longest mount path wins;
     a match must end at a path boundary.
     """
-    for mount in sorted(mounts, key=len, reverse=True):
-        pattern = re.compile(r"(?<![\w./-])" + re.escape(mount.rstrip("/")) + r"(?=/|$|[^\w.-])")
-        host = mounts[mount].rstrip("/")
-        text = pattern.sub(host.replace("\\", "\\\\"), text)
-    return text
+    if not mounts:
+        return text
+    table = {m.rstrip("/") or "/": host.rstrip("/") for m, host in mounts.items()}
+    alternatives = "|".join(re.escape(m) for m in sorted(table, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w./-])(" + alternatives + r")(?=/|$|[^\w.-])")
+    return pattern.sub(lambda match: table[match.group(1)], text)  # one pass: host paths are never re-mapped
 
 
 _SUFFIX = {

@@ -158,6 +158,18 @@ class NodeAgent:
         ]
         self.node = call(self.core.patch_node_status, self.name, {"status": {"conditions": conditions}})
 
+    def not_ready(self, *, now: float) -> None:
+        """Report the node NotReady (the kubelet stopped; its pods' processes are gone)."""
+        stamp = rfc3339(now)
+        conditions = [
+            {**c, "status": "False", "reason": "KubeletStopped", "message": "process kubelet stopped"}
+            | {"lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+            if c.get("type") == "Ready"
+            else c
+            for c in (self.node.get("status") or {}).get("conditions") or []
+        ]
+        self.node = call(self.core.patch_node_status, self.name, {"status": {"conditions": conditions}})
+
     def schedule(self, pods: Sequence[Mapping[str, Any]]) -> list[str]:
         """Bind every pending, unbound pod that fits; mark the rest PodScheduled=False. Returns bound keys."""
         bound = [

@@ -4,7 +4,10 @@ A process cannot see a container's mounts, so every volume becomes a directory
 under the pod's own directory (``<kubelet dir>/pods/<ns>_<name>_<uid8>/volumes/<volume>``:
 emptyDir and PVCs empty, ConfigMap/Secret/projected/downwardAPI volumes filled with their
 files) and each mount path is substituted in the container's command, args and env
-values where it starts a path (``--state-path=/state/x`` -> ``.../volumes/state/x``).
+values where it starts a path (``--state-path=/state/x`` -> ``.../volumes/state/x``);
+a volume mounted at ``/tmp`` also becomes ``TMPDIR``. Paths the program builds itself
+from a mount path are not mapped. ``securityContext`` (user, read-only root) is not
+applied: processes run as the kubelet's user.
 
 Service accounts: unless ``automountServiceAccountToken`` is false, the kubelet asks the
 TokenRequest API for a token of the pod's ServiceAccount bound to the pod, writes
@@ -255,6 +258,8 @@ class PodPreparer:
                 host = volumes[mount["name"]]
                 mounts[mount["mountPath"]] = f"{host}/{mount['subPath']}" if mount.get("subPath") else host
         env = {k: substitute_paths(v, mounts=mounts) for k, v in env.items()}
+        if "/tmp" in mounts and "TMPDIR" not in env:  # noqa: S108 - the container's /tmp, an emptyDir of the pod
+            env["TMPDIR"] = mounts["/tmp"]  # noqa: S108
         argv = [*(container.get("command") or ["rolloutpool"]), *(container.get("args") or [])]
         argv = [substitute_paths(expand(a, env=env), mounts=mounts) for a in argv]
         if argv[0] not in self.executables:
