@@ -53,8 +53,10 @@ CASES = [
      "LivePrefixEviction"),
     ("ceiling clamp: no raise past it", at(40), replace(CALM, live_sessions=40), 100, 40, False, None),
     ("ceiling clamp: a cap above is brought down", at(55), replace(CALM, live_sessions=40), 100, 40, False, None),
-    ("below-threshold re-prefill is no pressure", at(20), replace(CALM, reprefill_tokens_per_s=1500), 100, 21,
+    ("re-prefill under the warning level is no sign", at(20), replace(CALM, reprefill_tokens_per_s=400), 100, 21,
      False, "Raised"),
+    ("re-prefill under the threshold stops the climb", at(20), replace(CALM, reprefill_tokens_per_s=1500), 100, 20,
+     False, "Nearing"),
     ("a settling cut holds, quarantined", at(16, reason="LivePrefixEviction"), EVICTING, 100, 16, True,
      "LivePrefixEviction"),
     ("pressure after the settle time cuts again", at(16, reason="LivePrefixEviction"),
@@ -112,9 +114,21 @@ def test_slow_start_raises_multiplicatively_until_the_first_pressure() -> None:
     assert later.cap == cut.cap + 1  # additive once a limit is known
 
 
-def test_a_storm_cuts_multiplicatively_and_assumes_the_cliff_half_way() -> None:
+def test_a_storm_cuts_multiplicatively_then_climbs_back_by_probes_only() -> None:
     control = decide_replica(previous=at(30), signals=replace(STORM, live_sessions=30), params=P, now=100)
-    assert (control.cap, control.limit) == (24, 27)
+    assert (control.cap, control.limit) == (24, 25)
+    calm = replace(CALM, live_sessions=24)
+    assert decide_replica(previous=control, signals=calm, params=P, now=100 + P.cooldown_seconds).cap == 24
+    assert decide_replica(previous=control, signals=calm, params=P, now=100 + P.probe_seconds).cap == 25
+
+
+def test_nearing_the_cliff_turns_the_climb_into_probes() -> None:
+    warned = decide_replica(previous=at(20), signals=replace(CALM, reprefill_tokens_per_s=1000), params=P, now=100)
+    assert (warned.cap, warned.limit, warned.limit_at, warned.reason) == (20, 21, 100, "Nearing")
+    calm = replace(CALM, live_sessions=20)
+    assert decide_replica(previous=warned, signals=calm, params=P, now=200).cap == 20  # no raise before a probe
+    probed = decide_replica(previous=warned, signals=calm, params=P, now=100 + P.probe_seconds)
+    assert (probed.cap, probed.reason, probed.limit) == (21, "Probed", 21)
 
 
 def test_mild_pressure_quarantines_only_when_asked() -> None:

@@ -92,13 +92,15 @@ class LawParams:
     """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
     slow_start_factor: float = 1.15
     """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``)."""
-    probe_seconds: float = 600.0
+    probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
     severe_factor: float = 3.0
     """Pressure this many times over a threshold is severe: the cut is multiplicative, otherwise one step."""
-    quarantine_mild: bool = True
+    quarantine_mild: bool = False
     """Quarantine on any pressure; False: only on severe pressure (a fast loop in the router covers the rest)."""
-    settle_seconds: float = 180.0
+    warning_fraction: float = 0.25
+    """Eviction at this fraction of a pressure threshold stops the additive climb (probes only from there)."""
+    settle_seconds: float = 300.0
     """After a cut, pressure within this long holds the cap (quarantined) instead of cutting again: a cut only
     stops new sessions, the resident ones take minutes to finish (about a median trajectory's life)."""
     binding_slack: int = 1
@@ -154,10 +156,10 @@ def _cut(
     if cut_last and since < max(params.cooldown_seconds, params.settle_seconds):
         return hold  # a cut is settling: its sessions still have to finish before it shows
     if severe:
-        # far past the cliff (typically the first overshoot): cut multiplicatively, and assume the cliff
-        # half-way between the cut and the cap where the storm showed
+        # far past the cliff (typically the first overshoot, seen minutes late): cut multiplicatively and
+        # climb back only by probes, one step per probe_seconds
         cut = _clamp(min(math.floor(current * params.decrease_factor), current - 1), params)
-        limit = max(cut + params.increase_step, (cut + current) // 2)
+        limit = cut + params.increase_step
     else:
         # just past it (a probe, drift, noise): one step back; this cap is the new limit
         cut = _clamp(current - params.increase_step, params)
@@ -167,11 +169,16 @@ def _cut(
     return ReplicaControl(cap=cut, changed_at=now, quarantined=quarantine, reason=reason, limit=limit, limit_at=now)
 
 
-def _severe(signals: ReplicaSignals, params: LawParams) -> bool:
-    """Pressure ``severe_factor`` times over a threshold: a storm, not the edge of the cliff."""
+def _eviction_ratio(signals: ReplicaSignals, params: LawParams) -> float:
+    """The larger of re-prefill and preemption rates, each over its pressure threshold."""
     reprefill = (signals.reprefill_tokens_per_s or 0.0) / max(params.reprefill_tokens_per_s, 1e-9)
     preempt = (signals.preemptions_per_s or 0.0) / max(params.preemptions_per_s, 1e-9)
-    return max(reprefill, preempt) >= params.severe_factor
+    return max(reprefill, preempt)
+
+
+def _severe(signals: ReplicaSignals, params: LawParams) -> bool:
+    """Pressure ``severe_factor`` times over a threshold: a storm, not the edge of the cliff."""
+    return _eviction_ratio(signals, params) >= params.severe_factor
 
 
 def decide_replica(
@@ -188,7 +195,9 @@ def decide_replica(
     pressure (the limit is then assumed half-way back). Without pressure, with KV usage under the
     target band and the cap binding (live sessions near it), it raises: multiplicatively before
     any pressure was seen (slow start), then additively up to one step under the limit, where
-    it holds and probes one step higher every ``probe_seconds``. Inside the band it holds. A cap
+    it holds and probes one step higher every ``probe_seconds``; eviction under the threshold
+    (``warning_fraction`` of it) ends the climb where it is, since eviction lags the cap by
+    minutes (admitted sessions grow). Inside the band it holds. A cap
     changes at most once per cooldown, except that a cut never waits for a raise's cooldown,
     and a cut waits while live sessions still exceed the cap (the previous cut is taking
     effect). Without signals the replica falls back to the floor, unquarantined.
@@ -224,6 +233,10 @@ def _raise(
         return keep
     step = params.increase_step
     limit = previous.limit
+    if _eviction_ratio(signals, params) >= params.warning_fraction:
+        # live prefixes start to go, under the threshold: the cliff is near and its signal lags the cap by
+        # minutes (sessions grow after admission), so stop climbing here and only probe from now on
+        return replace(keep, limit=min(limit or current + step, current + step), limit_at=now, reason="Nearing")
     if limit is None:
         raised = _clamp(max(current + step, math.floor(current * params.slow_start_factor)), params)
         reason_raise, limit_at = "Raised", previous.limit_at
