@@ -51,7 +51,7 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 ) -> None:
     """Every fixed cap from the floor up (hindsight) vs the adaptive control law, per scenario and load."""
     from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
-    from rolloutpool.sim.sweep import run_sweep, sweep_points  # noqa: PLC0415
+    from rolloutpool.sim.sweep import Point, SweepRun, run_sweep, sweep_points  # noqa: PLC0415
     from rolloutpool.sim.sweep_report import load_runs, points_markdown, runs_json, write_cap_plots  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
@@ -61,6 +61,15 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     if rerun_adaptive:
         cache = {k: r for k, r in cache.items() if r.cap is not None}
     started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(runs: dict[str, SweepRun], wall: float) -> list[Point]:
+        points = sweep_points(runs)
+        meta = {"replicas": replicas, "duration_s": duration_s, "drift_duration_s": drift_duration_s, "step": step,
+                "seed": seed, "wall_s": wall}  # fmt: skip
+        (out_dir / "sweep.json").write_text(runs_json(runs, points, meta))
+        return points
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=_console,
@@ -82,14 +91,9 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
         runs = run_sweep(
             base=base, scenarios=names, loads=loads or (1.0, 1.5, 2.0, 3.0), step=step, workers=workers, cache=cache,
             durations={"policy-drift": drift_duration_s}, on_done=done, on_planned=planned,
-            adaptive=not fixed_only,
+            adaptive=not fixed_only, on_saved=lambda done: save(done, time.perf_counter() - started),
         )  # fmt: skip
-    wall = time.perf_counter() - started
-    points = sweep_points(runs)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"replicas": replicas, "duration_s": duration_s, "drift_duration_s": drift_duration_s, "step": step,
-            "seed": seed, "wall_s": wall}  # fmt: skip
-    (out_dir / "sweep.json").write_text(runs_json(runs, points, meta))
+    points = save(runs, time.perf_counter() - started)
     table = points_markdown(points)
     (out_dir / "sweep.md").write_text(table)
     _console.print(table)

@@ -71,13 +71,14 @@ def cap_grid(*, floor: int, per_replica: float, step: int) -> list[int]:
     return caps
 
 
-def _refine(fixed: dict[int, float], floor: int) -> list[int]:
+def _refine(fixed: dict[int, float], floor: int, reach: int = 2) -> list[int]:
+    """Caps within ``reach`` of the best coarse one, between its coarse neighbours, not yet run."""
     best = max(fixed, key=lambda c: fixed[c])
     ordered = sorted(fixed)
     i = ordered.index(best)
     lo = ordered[i - 1] if i > 0 else best
     hi = ordered[i + 1] if i + 1 < len(ordered) else best
-    return [c for c in range(max(floor, lo + 1), hi) if c not in fixed]
+    return [c for c in range(max(floor, lo + 1, best - reach), min(hi, best + reach + 1)) if c not in fixed]
 
 
 def run_sweep(
@@ -91,6 +92,7 @@ def run_sweep(
     durations: dict[str, float],
     on_done: Callable[[Job, RunResult, float], None] | None = None,
     on_planned: Callable[[int], None] | None = None,
+    on_saved: Callable[[dict[str, SweepRun]], object] | None = None,
     adaptive: bool = True,
 ) -> dict[str, SweepRun]:
     """Run the coarse pass and the adaptive runs, then the fine pass; returns every run by key."""
@@ -106,14 +108,20 @@ def run_sweep(
         todo = [(k, j) for k, j in jobs if k not in runs]
         if on_planned:
             on_planned(len(todo))
-        for (key, _), (job, result, _wall) in zip(
-            todo, run_jobs([j for _, j in todo], workers=workers, on_done=on_done), strict=True
-        ):
+        keys = {j: k for k, j in todo}
+
+        def done(job: Job, result: RunResult, wall: float) -> None:
             control = [(p.t, p.replica, p.cap, p.live, p.quarantined) for p in result.control]
-            name, load = result.scenario, job.load
-            runs[key] = SweepRun(
-                name, load, job.config.fixed_cap, job.config.duration_s, job.config.seed, result.row(), control
+            cfg = job.config
+            runs[keys[job]] = SweepRun(
+                result.scenario, job.load, cfg.fixed_cap, cfg.duration_s, cfg.seed, result.row(), control
             )
+            if on_saved:
+                on_saved(runs)  # every finished run is kept, even if the sweep is stopped
+            if on_done:
+                on_done(job, result, wall)
+
+        run_jobs([j for _, j in todo], workers=workers, on_done=done)
 
     def fixed_jobs(name: str, load: float, cfg: FleetConfig, caps: list[int]) -> list[tuple[str, Job]]:
         return [
