@@ -257,7 +257,9 @@ class PodPreparer:
             if mount["name"] in volumes:
                 host = volumes[mount["name"]]
                 mounts[mount["mountPath"]] = f"{host}/{mount['subPath']}" if mount.get("subPath") else host
-        env = {k: substitute_paths(v, mounts=mounts) for k, v in env.items()}
+        # only the container's own values name container paths; the kubelet's (KUBECONFIG, HOME, PATH)
+        # are host paths already, and may well lie under a mounted path such as /tmp
+        env = {k: v if base.get(k) == v else substitute_paths(v, mounts=mounts) for k, v in env.items()}
         if "/tmp" in mounts and "TMPDIR" not in env:  # noqa: S108 - the container's /tmp, an emptyDir of the pod
             env["TMPDIR"] = mounts["/tmp"]  # noqa: S108
         argv = [*(container.get("command") or ["rolloutpool"]), *(container.get("args") or [])]
