@@ -17,6 +17,9 @@ from rolloutpool.sim.sweep import Point, SweepRun
 
 __all__ = ["load_runs", "points_markdown", "runs_json", "write_cap_plots"]
 
+_REFERENCES = {"policy-drift": (("agentic-grpo", "before the drift", "g"), ("policy-drifted", "after the drift", "r"))}
+"""Stationary scenarios whose best fixed caps a drifting scenario should move between."""
+
 
 def runs_json(runs: dict[str, SweepRun], points: list[Point], meta: dict[str, Any]) -> str:
     """Every run (the cache) and the comparison points."""
@@ -90,6 +93,9 @@ def write_cap_plots(runs: dict[str, SweepRun], points: list[Point], out_dir: Pat
             ax.plot([c[0] for c in caps], [c[1] for c in caps], lw=0.8, label=replica)
         if (run.scenario, run.load) in best:
             ax.axhline(best[run.scenario, run.load], color="k", ls=":", label="best fixed cap (hindsight)")
+        for name, label, color in _REFERENCES.get(run.scenario, ()):
+            if (name, run.load) in best:
+                ax.axhline(best[name, run.load], color=color, ls="--", lw=0.9, label=f"best fixed cap {label} ({name})")
         ax.set_xlabel("minutes")
         ax.set_ylabel("cap (live sessions per replica)")
         ax.set_title(f"Adaptive cap over time: {run.scenario} at {run.load:g}x", fontsize=10)

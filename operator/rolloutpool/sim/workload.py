@@ -113,6 +113,13 @@ SCENARIOS: dict[str, Scenario] = {
             drift_growth=0.5,
             drift_start_s=900.0,
         ),
+        Scenario(
+            name="policy-drifted",
+            description="policy-drift's end state from the start: agentic-grpo with actions and observations x1.5",
+            drift_growth=0.5,
+            drift_start_s=0.0,
+            drift_duration_s=1e-9,
+        ),
     )
 }
 
