@@ -84,8 +84,10 @@ async def act_engines(
         if await asyncio.to_thread(delete_child, api, "Pod", namespace, name, uid=uid):
             acted.deleted.append(name)
             _log.info("Deleted %s pool=%s/%s reason=%s", name, namespace, pool, plan.reasons.get(name, "Unknown"))
-    for manifest in plan.create:
-        child = await asyncio.to_thread(apply_child, api, manifest, needs_update=_needs_update)
+    created = await asyncio.gather(
+        *(asyncio.to_thread(apply_child, api, manifest, needs_update=_needs_update) for manifest in plan.create)
+    )  # side by side: a pool's pods are independent, and each create is one round trip
+    for child in created:
         if child.outcome == "created":
             acted.created.append(child.name)
             _log.info("Created %s pool=%s/%s kind=Pod", child.name, namespace, pool)
