@@ -134,10 +134,10 @@ def test_scale_down_drains_live_sessions_then_times_out(
         assert "timed out with 1 live sessions" in _events(cluster, ns, "drainy")
 
 
-def test_spec_change_replaces_one_at_a_time_and_lost_pods_return(
+def test_spec_change_replaces_one_at_a_time_and_lost_or_failed_pods_return(
     cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
 ) -> None:
-    """A deleted pod is recreated; a spec change drains and replaces replicas one at a time."""
+    """A deleted or failed pod is recreated; a spec change drains and replaces replicas one at a time."""
     core, custom = kube
     with namespace(cluster, "op-rolling") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
         apply_pool(cluster, ns, _pool("rolly", 3))
@@ -154,6 +154,15 @@ def test_spec_change_replaces_one_at_a_time_and_lost_pods_return(
             what="engine 1 recreated",
         )
         play_kubelet(core, ns, "rolly-engine-1", ip=ips["rolly-engine-1"])
+        failed = pods["rolly-engine-2"]["metadata"]["uid"]
+        core.patch_namespaced_pod_status(  # the faked kubelet reports the engine process dead for good
+            "rolly-engine-2", ns, {"status": {"phase": "Failed"}}, _content_type="application/merge-patch+json"
+        )
+        eventually(
+            lambda: (p := child_pods(core, ns, "rolly").get("rolly-engine-2")) and p["metadata"]["uid"] != failed,
+            what="failed engine 2 replaced",
+        )
+        play_kubelet(core, ns, "rolly-engine-2", ip=ips["rolly-engine-2"])
         eventually(lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3, what="3 ready again")
 
         old = {name: pod["metadata"]["uid"] for name, pod in child_pods(core, ns, "rolly").items()}
