@@ -79,8 +79,17 @@ class PoolWorkers:
                 delay = await self._run_pass(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                _log.exception("Failed to reconcile RolloutPool pool=%s/%s", namespace, name)
+            except Exception as exc:
+                status = getattr(exc, "status", None)  # an API error: its status says enough, no traceback
+                _log.error(
+                    "Failed to reconcile RolloutPool pool=%s/%s error=%s status=%s retry_in=%gs",
+                    namespace,
+                    name,
+                    type(exc).__name__,
+                    status,
+                    self._error_backoff,
+                    exc_info=status is None,
+                )
                 delay = self._error_backoff
             if delay is None:
                 if self._workers.get(key) is worker:
