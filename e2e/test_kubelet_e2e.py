@@ -288,10 +288,18 @@ def test_deployment_pods_run(cluster: LocalCluster, kubelet: ProcessKubelet) -> 
 def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_path: Path) -> None:
     # a second node with its own scheduler name, so the module's kubelet leaves these pods alone
     ns = _namespace(cluster, "kl-stop")
-    other = ProcessKubelet(cluster.kubeconfig, tmp_path / "k", node_name="kl-stop-node", scheduler_name="kl-stop")
+    other = ProcessKubelet(
+        cluster.kubeconfig,
+        tmp_path / "k",
+        node_name="kl-stop-node",
+        scheduler_name="kl-stop",
+        pod_subnet="127.0.1.0/24",
+    )
     with other:
         _apply(cluster, *(_pod(n, ns, schedulerName="kl-stop") for n in ("stop-a", "stop-b")))
         _wait("Ready", lambda: all(_ready(_get(cluster, "pod", n, ns)) for n in ("stop-a", "stop-b")))
+        ips = [(_get(cluster, "pod", n, ns) or {})["status"]["podIP"] for n in ("stop-a", "stop-b")]
+        assert sorted(ips) == ["127.0.1.2", "127.0.1.3"]  # the second node's own pod subnet
         pids = [pid for containers in other.processes().values() for pid in containers.values()]
         assert len(pids) == 2
         assert all(_alive(p) for p in pids)
@@ -304,25 +312,51 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
     assert os.path.isdir(tmp_path / "k" / "pods")
 
 
-def test_killed_kubelet_process_takes_its_pods_along(cluster: LocalCluster, tmp_path: Path) -> None:
-    ns = _namespace(cluster, "kl-sigkill")
+def _kubelet_process(cluster: LocalCluster, directory: Path, name: str) -> subprocess.Popen[bytes]:
     command = default_executables()["rolloutpool"]
-    argv = [command, "localcluster", "kubelet", f"--dir={tmp_path}", f"--kubeconfig={cluster.kubeconfig}"]
-    argv += ["--node-name=kl-sigkill-node", "--scheduler-name=kl-sigkill"]
-    with open(tmp_path / "kubelet.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    argv = [command, "localcluster", "kubelet", f"--dir={directory}", f"--kubeconfig={cluster.kubeconfig}"]
+    argv += [f"--node-name={name}-node", f"--scheduler-name={name}", "--pod-subnet=127.0.2.0/24"]
+    with open(directory / "kubelet.log", "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http on loopback, built here
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster: LocalCluster, tmp_path: Path) -> None:
+    ns = _namespace(cluster, "kl-sigkill")
+    first = _kubelet_process(cluster, tmp_path, "kl-sigkill")
+    second: subprocess.Popen[bytes] | None = None
     try:
         _apply(cluster, _pod("victim", ns, schedulerName="kl-sigkill"))
         _wait("Ready", lambda: _ready(_get(cluster, "pod", "victim", ns)))
+        ip = (_get(cluster, "pod", "victim", ns) or {})["status"]["podIP"]
         pids = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(pids) == 1
-        os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
-        proc.wait(timeout=10)
+        assert ip.startswith("127.0.2.")
+        os.kill(first.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
+        first.wait(timeout=10)
         _wait("pod process gone", lambda: not any(_alive(p) for p in pids), timeout=10)
+        assert not _answers(f"http://{ip}:8000/health")
+        # a kubelet started again on the same node runs the pod again, on the address it had
+        second = _kubelet_process(cluster, tmp_path, "kl-sigkill")
+        _wait("the pod served again", lambda: _answers(f"http://{ip}:8000/health"))
+        again = _pids_with_cwd(tmp_path / "kubelet" / "pods")
+        assert len(again) == 1
+        second.terminate()  # SIGTERM: the kubelet stops its pods on the way out
+        assert second.wait(timeout=30) == 0
+        assert not any(_alive(p) for p in again)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        for proc in (first, second):
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
         cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
 
 

@@ -220,6 +220,8 @@ def test_allocate_ip_reuses_freed_addresses_and_keeps_dot_one() -> None:
     assert allocate_ip(used=["127.0.0.9"], preferred="127.0.0.9") == "127.0.0.2"
     assert allocate_ip(used=[], preferred="127.0.0.1") == "127.0.0.2"
     assert allocate_ip(used=[], preferred="10.1.2.3") == "127.0.0.2"
+    assert allocate_ip(used=["127.0.1.2"], prefix="127.0.1.") == "127.0.1.3"
+    assert allocate_ip(used=[], preferred="127.0.0.5", prefix="127.0.1.") == "127.0.1.2"  # not in this subnet
     with pytest.raises(RuntimeError, match="no free pod address"):
         allocate_ip(used=[f"127.0.0.{x}" for x in range(2, 255)])
 

@@ -80,6 +80,9 @@ class ProcessKubelet:
     volumes and ``logs/<container>.log``, kept after the pod is gone). The Node
     advertises ``cpu``, ``memory``, ``max_pods`` and ``gpus`` (``nvidia.com/gpu``),
     plus ``node_labels`` and ``taints``. Pods naming ``scheduler_name`` are bound here.
+    Pod addresses come from ``pod_subnet`` (a loopback /24, x = 2..254; give a second
+    kubelet of the same cluster its own, e.g. 127.0.1.0/24; addresses that pods of other
+    nodes hold are skipped anyway).
     ``images`` are regular expressions of the images run as processes; ``executables``
     maps a container's argv[0] to a program (default: ``rolloutpool`` -> this
     virtualenv's command); any other argv[0] fails the container with
@@ -105,6 +108,7 @@ class ProcessKubelet:
         images: Sequence[str] = (DEFAULT_IMAGE_PATTERN,),
         executables: Mapping[str, str] | None = None,
         host_ip: str = "127.0.0.1",
+        pod_subnet: str = "127.0.0.0/24",
         backoff_base: float = 10.0,
         backoff_cap: float = 300.0,
         poll_interval: float = 0.5,
@@ -117,6 +121,10 @@ class ProcessKubelet:
         self.directory = directory
         self.node_name = node_name
         self.host_ip = host_ip
+        if not (pod_subnet.startswith("127.") and pod_subnet.endswith(".0/24")):
+            raise ValueError(f"pod_subnet must be a loopback /24 such as 127.0.1.0/24, not {pod_subnet!r}")
+        self.pod_subnet = pod_subnet
+        self._ip_prefix = pod_subnet.removesuffix("0/24")
         self.scheduler_name = scheduler_name
         self.images = tuple(images)
         self.executables = dict(default_executables() if executables is None else executables)
@@ -131,8 +139,11 @@ class ProcessKubelet:
         self._manifest = node_manifest(
             name=node_name, host_ip=host_ip, capacity=capacity, labels=dict(node_labels or {}), taints=taints, now=0
         )
+        self._manifest["spec"]["podCIDR"] = pod_subnet
+        self._manifest["spec"]["podCIDRs"] = [pod_subnet]
         self._runs: dict[str, PodRun] = {}
         self._pods: dict[str, dict[str, Any]] = {}
+        self._cluster_ips: set[str] = set()
         self._reported: dict[str, dict[str, Any]] = {}
         self._refused: set[str] = set()
         self._deleted: set[str] = set()
@@ -265,6 +276,13 @@ class ProcessKubelet:
         bound = self._agent.schedule(pods)
         mine = {p["metadata"]["uid"]: p for p in pods if (p.get("spec") or {}).get("nodeName") == self.node_name}
         self._pods = mine
+        self._cluster_ips = {
+            ip
+            for p in pods
+            if (ip := (p.get("status") or {}).get("podIP"))
+            and (p.get("status") or {}).get("phase") not in _TERMINAL
+            and (p.get("spec") or {}).get("nodeName") != self.node_name
+        }
         for uid, pod in mine.items():
             self._sync_pod(uid, pod, now)
         with self._lock:
@@ -307,7 +325,8 @@ class ProcessKubelet:
         if spec.get("initContainers"):
             _log.warning("Ignored init containers pod=%s (not supported by the process kubelet)", key)
         with self._lock:
-            ip = allocate_ip(used=[r.ip for r in self._runs.values()], preferred=status.get("podIP"))
+            used = {r.ip for r in self._runs.values()} | self._cluster_ips  # other nodes' pods too
+            ip = allocate_ip(used=used, preferred=status.get("podIP"), prefix=self._ip_prefix)
         directory = self.directory / "pods" / f"{meta['namespace']}_{meta['name']}_{uid[:8]}"
         # the downward API and $(POD_IP) see the address this pod is about to get
         seen = {**pod, "status": {**status, "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": self.host_ip}}

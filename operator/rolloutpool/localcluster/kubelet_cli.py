@@ -24,6 +24,7 @@ def run_kubelet(
     kubeconfig: Path,
     node_name: str,
     scheduler_name: str,
+    pod_subnet: str,
     gpus: int,
     backoff_base: float,
     stop: threading.Event,
@@ -32,7 +33,13 @@ def run_kubelet(
     from rolloutpool.localcluster.kubelet import ProcessKubelet  # noqa: PLC0415 - keep the CLI import light
 
     with ProcessKubelet(
-        kubeconfig, directory, node_name=node_name, scheduler_name=scheduler_name, gpus=gpus, backoff_base=backoff_base
+        kubeconfig,
+        directory,
+        node_name=node_name,
+        scheduler_name=scheduler_name,
+        pod_subnet=pod_subnet,
+        gpus=gpus,
+        backoff_base=backoff_base,
     ):
         stop.wait()
 
@@ -52,10 +59,17 @@ def run_kubelet(
 @click.option(
     "--scheduler-name", default="default-scheduler", show_default=True, help="Bind pods naming this scheduler."
 )
+@click.option("--pod-subnet", default="127.0.0.0/24", show_default=True, help="Loopback /24 of the pod addresses.")
 @click.option("--gpus", type=click.IntRange(min=0), default=8, show_default=True, help="nvidia.com/gpu capacity.")
 @click.option("--backoff-base", type=click.FloatRange(min=0.01), default=10.0, show_default=True)
 def kubelet_command(  # noqa: PLR0917 - click passes every option as a positional parameter
-    directory: Path, kubeconfig: Path | None, node_name: str, scheduler_name: str, gpus: int, backoff_base: float
+    directory: Path,
+    kubeconfig: Path | None,
+    node_name: str,
+    scheduler_name: str,
+    pod_subnet: str,
+    gpus: int,
+    backoff_base: float,
 ) -> None:
     """Run the process kubelet: a Node whose pods of our image run as local processes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -71,6 +85,7 @@ def kubelet_command(  # noqa: PLR0917 - click passes every option as a positiona
         kubeconfig=kubeconfig or directory / "kubeconfig",
         node_name=node_name,
         scheduler_name=scheduler_name,
+        pod_subnet=pod_subnet,
         gpus=gpus,
         backoff_base=backoff_base,
         stop=stop,

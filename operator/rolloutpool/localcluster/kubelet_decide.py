@@ -322,9 +322,9 @@ _FIRST_HOST, _LAST_HOST = 2, 254
 
 
 def allocate_ip(*, used: Iterable[str], preferred: str | None = None, prefix: str = "127.0.0.") -> str:
-    """A loopback address for a new pod: ``preferred`` when free, else the lowest free 127.0.0.x (x >= 2).
+    """A loopback address for a new pod: ``preferred`` when free, else the lowest free ``<prefix>x`` (x >= 2).
 
-    127.0.0.1 stays the control plane's. Raises RuntimeError when all are taken.
+    x = 1 is never handed out (127.0.0.1 is the control plane's). Raises RuntimeError when all are taken.
     """
     taken = set(used)
     if preferred and preferred.startswith(prefix) and preferred not in taken and preferred != f"{prefix}1":
