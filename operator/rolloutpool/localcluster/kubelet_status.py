@@ -165,7 +165,6 @@ def pod_status(
         "podIP": pod_ip,
         "podIPs": [{"ip": pod_ip}],
         "startTime": rfc3339(start_time),
-        "qosClass": "BestEffort",
         "containerStatuses": [c.as_status(pod_uid=pod_uid) for c in containers],
     }
 
