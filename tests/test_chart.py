@@ -168,6 +168,7 @@ def test_default_render_is_cluster_scoped_operator(helm: Path, tmp_path: Path) -
         "rolloutpool",
         "operator",
         "--liveness-port=8081",
+        "--liveness-host=$(POD_IP)",
         "--all-namespaces",
         "--standalone",
     ]
@@ -229,6 +230,7 @@ def test_namespaced_scope_has_a_role_per_watched_namespace_and_no_cluster_grant(
         "rolloutpool",
         "operator",
         "--liveness-port=8081",
+        "--liveness-host=$(POD_IP)",
         "--namespace=team-a",
         "--namespace=team-b",
         "--standalone",
