@@ -37,10 +37,18 @@ def kubelet(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         executables=executables,
     ) as running:
         yield running
+        # leave no pods behind for a later kubelet of the session to run again: delete them while this one runs
+        if _CREATED:
+            cluster.kubectl("delete", "namespace", *_CREATED, "--wait=true", "--timeout=120s", check=False)
+            _CREATED.clear()
+
+
+_CREATED: list[str] = []
 
 
 def _namespace(cluster: LocalCluster, name: str) -> str:
     cluster.kubectl("create", "namespace", name)
+    _CREATED.append(name)
     return name
 
 
