@@ -443,3 +443,25 @@ def test_volumes_config_maps_and_secrets(cluster: LocalCluster, kubelet: Process
     assert f"level debug token s3cret tmp {directory}/volumes/tmp" in output
     assert "secret-file s3cret" in output
     assert "ca True" in output  # the projected kube-api-access volume carries the cluster CA
+
+
+def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
+    ns = _namespace(cluster, "kl-later")
+    env = [*_POD_IP_ENV, {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "later", "key": "token"}}}]
+    _apply(cluster, _pod("patient", ns, container={"env": env}))
+
+    def waiting() -> dict[str, Any] | None:
+        statuses = ((_get(cluster, "pod", "patient", ns) or {}).get("status") or {}).get("containerStatuses") or []
+        return (statuses[0]["state"].get("waiting") or None) if statuses else None
+
+    state = _wait("CreateContainerConfigError", waiting)
+    assert state["reason"] == "CreateContainerConfigError"
+    assert "Secret 'later' not found" in state["message"]
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "later", "namespace": ns},
+        "stringData": {"token": "t"},
+    }
+    _apply(cluster, secret)
+    _wait("Ready once the Secret exists", lambda: _ready(_get(cluster, "pod", "patient", ns)))

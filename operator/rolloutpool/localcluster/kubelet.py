@@ -48,6 +48,7 @@ __all__ = ["ProcessKubelet", "default_executables"]
 
 _log = logging.getLogger(__name__)
 _TERMINAL = {"Succeeded", "Failed"}
+_CONFIG_RETRY_SECONDS = 2.0
 
 
 def default_executables() -> dict[str, str]:
@@ -305,7 +306,10 @@ class ProcessKubelet:
             elif uid not in self._deleted:
                 self._delete(meta)
             return
-        if run is not None or status.get("phase") in _TERMINAL:
+        if run is not None:
+            self._retry_config(run, pod, now)
+            return
+        if status.get("phase") in _TERMINAL:
             return
         images = [c.get("image", "") for c in [*(spec.get("initContainers") or []), *spec.get("containers", [])]]
         foreign = [i for i in images if not image_matches(i, patterns=self.images)]
@@ -329,8 +333,7 @@ class ProcessKubelet:
             ip = allocate_ip(used=used, preferred=status.get("podIP"), prefix=self._ip_prefix)
         directory = self.directory / "pods" / f"{meta['namespace']}_{meta['name']}_{uid[:8]}"
         # the downward API and $(POD_IP) see the address this pod is about to get
-        seen = {**pod, "status": {**status, "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": self.host_ip}}
-        containers = self._preparer.containers(seen, directory=directory)
+        containers = self._preparer.containers(self._as_seen(pod, ip), directory=directory)
         run = PodRun(
             uid=uid,
             key=key,
@@ -346,6 +349,23 @@ class ProcessKubelet:
         with self._lock:
             self._runs[uid] = run
         self._say(f"Admitted pod={key} ip={ip} dir={directory}")
+
+    def _as_seen(self, pod: dict[str, Any], ip: str) -> dict[str, Any]:
+        """The pod as the downward API and ``$(POD_IP)`` see it: with the address it is about to get."""
+        status = pod.get("status") or {}
+        return {**pod, "status": {**status, "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": self.host_ip}}
+
+    def _retry_config(self, run: PodRun, pod: dict[str, Any], now: float) -> None:
+        """Build again the containers whose config failed (a Secret or ConfigMap may exist now)."""
+        broken = [c for c in run.containers if c.launch is None and c.proc is None]
+        if not broken or run.terminating_until is not None or now < run.config_retry_at:
+            return
+        run.config_retry_at = now + _CONFIG_RETRY_SECONDS
+        fresh = {c.name: c for c in self._preparer.containers(self._as_seen(pod, run.ip), directory=run.directory)}
+        for container in broken:
+            again = fresh.get(container.name)
+            if again is not None:
+                container.launch, container.config_error = again.launch, again.config_error
 
     def _drive(self, now: float) -> None:
         assert self._executor is not None  # noqa: S101 - set in start()

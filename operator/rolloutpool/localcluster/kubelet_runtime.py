@@ -157,6 +157,7 @@ class PodRun:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.terminating_until: float | None = None
+        self.config_retry_at = now  # when the kubelet may rebuild containers whose config failed
         self._spawn = spawn or _spawn
         for run in containers:
             run.view = replace(run.view, name=run.name, image=str(run.spec.get("image", "")))
