@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +15,19 @@ __all__ = ["PodWatch", "api_client"]
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or the in-cluster service account."""
+    """An API client from a kubeconfig file, else the in-cluster service account, else ``$KUBECONFIG``.
+
+    The last fallback is how pods run by the process kubelet (which writes each pod a
+    kubeconfig from its ServiceAccount's token) reach the API server.
+    """
     if kubeconfig:
         return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        if not os.environ.get("KUBECONFIG"):
+            raise
+        return config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
     return client.ApiClient()
 
 
