@@ -193,3 +193,43 @@ def test_spec_change_replaces_one_at_a_time_and_lost_or_failed_pods_return(
         args = child_pods(core, ns, "rolly")["rolly-engine-0"]["spec"]["containers"][0]["args"]
         assert "--time-scale=20" in args
         assert _events(cluster, ns, "rolly").count("DrainStarted") >= 3
+
+
+def _uid(cluster: LocalCluster, ns: str, kind: str, name: str) -> str | None:
+    result = cluster.kubectl("get", kind, name, "-n", ns, "-o", "jsonpath={.metadata.uid}", check=False)
+    return result.stdout or None if result.returncode == 0 else None
+
+
+def test_router_objects_come_back_and_follow_the_spec(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    """A deleted router Service or Role is recreated; a router spec change reaches the Deployment."""
+    _core, custom = kube
+    with namespace(cluster, "op-router") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
+        apply_pool(cluster, ns, _pool("routy", 1))
+        kinds = ("service", "role", "rolebinding", "serviceaccount", "deployment")
+        uids = eventually(
+            lambda: all((u := {k: _uid(cluster, ns, k, "routy-router") for k in kinds}).values()) and u,
+            what="router objects",
+        )
+        started = time.monotonic()
+        cluster.kubectl("delete", "service,role", "routy-router", "-n", ns)
+        eventually(
+            lambda: None not in {_uid(cluster, ns, k, "routy-router") for k in ("service", "role")},
+            what="router Service and Role recreated",
+        )
+        print(f"router Service and Role recreated {time.monotonic() - started:.2f}s after deletion")
+        assert _uid(cluster, ns, "service", "routy-router") != uids["service"]
+        assert _uid(cluster, ns, "deployment", "routy-router") == uids["deployment"]
+
+        _patch_spec(custom, ns, "routy", {"router": {"replicas": 2, "idleTimeoutSeconds": 60}})
+
+        def deployment() -> dict[str, Any]:
+            out = cluster.kubectl("get", "deployment", "routy-router", "-n", ns, "-o", "yaml").stdout
+            found: dict[str, Any] = yaml.safe_load(out)
+            return found
+
+        eventually(lambda: deployment()["spec"]["replicas"] == 2, what="router Deployment scaled to 2")
+        args = deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--idle-timeout=60" in args
+        assert _uid(cluster, ns, "deployment", "routy-router") == uids["deployment"], "patched, not replaced"

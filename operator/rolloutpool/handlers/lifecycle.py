@@ -23,7 +23,7 @@ from rolloutpool.metrics.prom import PrometheusSignals
 from rolloutpool.metrics.routerstats import RouterStats, read_router_stats
 from rolloutpool.reconcile.labels import DEFAULT_IMAGE, IMAGE_ENV, LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
 
-__all__ = ["PrometheusReaders", "cleanup", "on_child_event", "on_pool_event", "startup"]
+__all__ = ["PrometheusReaders", "cleanup", "on_child_event", "on_pool_event", "on_router_object_event", "startup"]
 
 _log = logging.getLogger(__name__)
 _CHILD_LABELS: dict[str, Any] = {LABEL_POOL: kopf.PRESENT, LABEL_MANAGED_BY: MANAGED_BY}
@@ -129,4 +129,20 @@ async def on_child_event(labels: kopf.Labels, namespace: str | None, memo: kopf.
     context: OperatorContext = memo.context
     key = (namespace or "", str(labels[LABEL_POOL]))
     if key in context.workers:  # a child whose pool is gone starts no worker (the GC collects it)
+        context.workers.poke(key)
+
+
+@kopf.on.event("services", labels=_CHILD_LABELS)
+@kopf.on.event("serviceaccounts", labels=_CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "roles", labels=_CHILD_LABELS)
+@kopf.on.event("rbac.authorization.k8s.io", "rolebindings", labels=_CHILD_LABELS)
+async def on_router_object_event(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A router Service, ServiceAccount, Role or RoleBinding was edited or deleted: re-apply them all soon.
+
+    (The Deployment is compared on every pass already; these are re-applied only on an event or once a minute.)
+    """
+    context: OperatorContext = memo.context
+    key = (namespace or "", str(labels[LABEL_POOL]))
+    if key in context.workers:
+        context.remember(key).router_generation = None  # the next pass applies the router objects
         context.workers.poke(key)
