@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rolloutpool.localcluster.kubelet_decide import (
     DEFAULT_IMAGE_PATTERN,
@@ -21,6 +23,7 @@ from rolloutpool.localcluster.kubelet_decide import (
     schedule_fit,
     substitute_paths,
 )
+from rolloutpool.localcluster.kubelet_pods import ApiTarget, api_target
 from rolloutpool.localcluster.kubelet_status import (
     ContainerView,
     ProbeState,
@@ -350,3 +353,25 @@ def test_probe_timing_and_thresholds() -> None:
     state = probe_step(state=state, ok=False, probe=probe, now=111.0)
     assert state.passing is False
     assert (state.successes, state.failures) == (0, 2)
+
+
+def test_api_target_reads_the_current_cluster(tmp_path: Path) -> None:
+    config = {
+        "clusters": [
+            {"name": "other", "cluster": {"server": "https://10.0.0.1:6443", "certificate-authority": "/x/ca.crt"}},
+            {"name": "local", "cluster": {"server": "https://127.0.0.1:4443", "certificate-authority": "pki/ca.crt"}},
+            {
+                "name": "inline",
+                "cluster": {"server": "https://127.0.0.1:5443", "certificate-authority-data": "Y2EtZGF0YQ=="},
+            },
+        ],
+        "contexts": [{"name": "a", "context": {"cluster": "local"}}, {"name": "b", "context": {"cluster": "inline"}}],
+        "current-context": "a",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    assert api_target(path, tmp_path) == ApiTarget(server="https://127.0.0.1:4443", ca_file=tmp_path / "pki" / "ca.crt")
+    path.write_text(yaml.safe_dump({**config, "current-context": "b"}))
+    inline = api_target(path, tmp_path)
+    assert inline.server == "https://127.0.0.1:5443"
+    assert inline.ca_file.read_text() == "ca-data"

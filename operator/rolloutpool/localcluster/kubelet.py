@@ -34,13 +34,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from rolloutpool.localcluster.kubelet_decide import DEFAULT_IMAGE_PATTERN, allocate_ip, image_matches
 from rolloutpool.localcluster.kubelet_node import NodeAgent, call, node_manifest
-from rolloutpool.localcluster.kubelet_pods import ApiTarget, PodPreparer
+from rolloutpool.localcluster.kubelet_pods import PodPreparer, api_target
 from rolloutpool.localcluster.kubelet_runtime import PodRun
 from rolloutpool.localcluster.kubelet_status import pod_status, unsupported_image_status
 
@@ -56,21 +55,6 @@ def default_executables() -> dict[str, str]:
     beside = Path(sys.executable).parent / "rolloutpool"
     found = str(beside) if beside.exists() else shutil.which("rolloutpool")
     return {"rolloutpool": found} if found else {}
-
-
-def _api_target(kubeconfig: Path, directory: Path) -> ApiTarget:
-    """Server URL and CA file of the kubeconfig's current cluster (inline CA data written to a file)."""
-    doc = yaml.safe_load(kubeconfig.read_text())
-    current = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])["context"]["cluster"]
-    cluster = next(c for c in doc["clusters"] if c["name"] == current)["cluster"]
-    if "certificate-authority" in cluster:
-        ca = Path(cluster["certificate-authority"])
-        return ApiTarget(server=cluster["server"], ca_file=ca if ca.is_absolute() else kubeconfig.parent / ca)
-    import base64  # noqa: PLC0415 - only for inline CA data
-
-    ca_file = directory / "ca.crt"
-    ca_file.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-    return ApiTarget(server=cluster["server"], ca_file=ca_file)
 
 
 class ProcessKubelet:
@@ -160,7 +144,7 @@ class ProcessKubelet:
         """Register the Node and start the loop thread; returns self."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
-        target = _api_target(self.kubeconfig, self.directory)
+        target = api_target(self.kubeconfig, self.directory)
         venv_bin = str(Path(sys.executable).parent)
         self._preparer = PodPreparer(
             self._api,

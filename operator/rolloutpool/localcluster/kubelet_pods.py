@@ -11,7 +11,8 @@ applied: processes run as the kubelet's user.
 
 Service accounts: unless ``automountServiceAccountToken`` is false, the kubelet asks the
 TokenRequest API for a token of the pod's ServiceAccount bound to the pod, writes
-``<pod dir>/kubeconfig`` (server, CA, token) and points ``KUBECONFIG`` at it; the
+``<pod dir>/kubeconfig`` (server, CA, token) and points ``KUBECONFIG`` at it (programs
+that load in-cluster config first must fall back to ``KUBECONFIG``, as kopf does); the
 projected ``kube-api-access-*`` volume gets ``token``, ``ca.crt`` and ``namespace``.
 """
 
@@ -38,22 +39,30 @@ from rolloutpool.localcluster.kubelet_decide import (
 from rolloutpool.localcluster.kubelet_node import call
 from rolloutpool.localcluster.kubelet_runtime import ContainerRun, Launch
 
-__all__ = ["ApiTarget", "PodPreparer"]
+__all__ = ["ApiTarget", "PodPreparer", "api_target"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ApiTarget:
-    """Where the pods' kubeconfigs point: the API server URL, its CA file and service port."""
+    """Where the pods' kubeconfigs point: the API server URL and its CA file."""
 
     server: str
     ca_file: Path
 
-    @property
-    def port(self) -> str:
-        """The API server's port, for ``KUBERNETES_SERVICE_PORT``."""
-        return self.server.rsplit(":", 1)[-1].rstrip("/")
+
+def api_target(kubeconfig: Path, directory: Path) -> ApiTarget:
+    """Server URL and CA file of the kubeconfig's current cluster (inline CA data written to a file)."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    current = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])["context"]["cluster"]
+    cluster = next(c for c in doc["clusters"] if c["name"] == current)["cluster"]
+    if "certificate-authority" in cluster:
+        ca = Path(cluster["certificate-authority"])
+        return ApiTarget(server=cluster["server"], ca_file=ca if ca.is_absolute() else kubeconfig.parent / ca)
+    ca_file = directory / "ca.crt"
+    ca_file.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    return ApiTarget(server=cluster["server"], ca_file=ca_file)
 
 
 class PodPreparer:
@@ -86,10 +95,9 @@ class PodPreparer:
             "HOSTNAME": meta["name"],
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": self.target.port,
-            "KUBERNETES_SERVICE_PORT_HTTPS": self.target.port,
         }
+        # No KUBERNETES_SERVICE_HOST/PORT: in-cluster loading must fail over to KUBECONFIG (kopf does so); with
+        # them set, a host that itself runs in a pod would hand its own /var/run/secrets token to our processes.
         token = self._token(pod) if self._automount(pod) else None
         if token is not None:
             base["KUBECONFIG"] = str(self._write_kubeconfig(directory, token, meta["namespace"]))
