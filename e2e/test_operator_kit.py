@@ -72,17 +72,18 @@ def namespace(cluster: LocalCluster, name: str) -> Iterator[str]:
 class OperatorProcess:
     """``rolloutpool operator`` as a child process; :meth:`stop` always ends it."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str, log_path: Path) -> None:
+    def __init__(self, cluster: LocalCluster, namespace: str, log_path: Path, kubeconfig: Path | None = None) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.log_path = log_path
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         """Start the operator and wait until its liveness endpoint answers."""
         exe = Path(sys.executable).with_name("rolloutpool")
-        argv = [str(exe), "operator", "--kubeconfig", str(self.cluster.kubeconfig), "--namespace", self.namespace]
+        argv = [str(exe), "operator", "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace]
         argv += ["--liveness-host", "127.0.0.1", "--liveness-port", str(self.port), "--status-interval", "1"]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

@@ -18,7 +18,7 @@ __all__ = ["operator_command"]
     "-n",
     "namespaces",
     multiple=True,
-    help="Namespace to serve (repeatable; glob patterns like kopf's). Default: the current namespace.",
+    help="Namespace to serve (repeatable, exact names). Default: $POD_NAMESPACE, then the kubeconfig's.",
 )
 @click.option("--all-namespaces", "-A", is_flag=True, help="Serve RolloutPools in every namespace.")
 @click.option("--liveness-port", type=click.IntRange(min=0, max=65535), default=8081, show_default=True)
@@ -67,8 +67,9 @@ def operator_command(  # noqa: PLR0917 - click passes every option as a position
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    if not verbose:  # kopf logs every successful event handler ("Handler ... succeeded") at INFO
+    if not verbose:  # kopf logs every successful event handler and every liveness probe at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     memo = kopf.Memo(kubeconfig=config_path, status_interval=status_interval)
     liveness = f"http://{liveness_host}:{liveness_port}/healthz" if liveness_port else None
     # kopf stops on SIGINT/SIGTERM by itself (signal handlers of the main thread's loop)

@@ -63,6 +63,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.persistence.finalizer = "rolloutpool.io/operator"  # unused: no handler needs a finalizer
     settings.posting.level = logging.INFO  # only our kopf.event() calls post Events (posting.loggers is off)
+    # fixed resources (our CRD is installed first) and exact namespaces: no cluster-wide list/watch of
+    # namespaces and CRDs, so the operator needs no RBAC beyond the agreed least-privilege rules
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 300  # the API server ends each watch after 5 min; kopf re-lists
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
