@@ -17,6 +17,12 @@ started; the processes also die with the kubelet's process (``PR_SET_PDEATHSIG``
 
     with LocalCluster(path) as cluster, ProcessKubelet(cluster.kubeconfig, path / "kubelet") as kubelet:
         ...
+
+or as a child of the control plane: ``LocalCluster(path, kubelet=True)``,
+``rolloutpool localcluster up --kubelet``, or ``rolloutpool localcluster kubelet --dir D``.
+Not done: init containers (ignored, with a warning), ``kubectl logs``/``exec`` (no
+kubelet server: read ``<dir>/pods/<ns>_<pod>_<uid8>/logs/<container>.log``), Events,
+securityContext, node affinity, token refresh (tokens last ``token_seconds``).
 """
 
 from __future__ import annotations
