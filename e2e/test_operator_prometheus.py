@@ -1,0 +1,107 @@
+"""The slow loop against a real Prometheus: metrics available, then Prometheus stopped -> floor caps.
+
+Real engine simulators serve ``/metrics`` on loopback addresses; their pods (created by the
+operator) are given those addresses as pod IPs by the test, which fakes the kubelet until
+the process kubelet runs them. Debian's Prometheus discovers the pods through the real API
+server (``local_cluster_prometheus``) and scrapes them; the operator reads it every
+``autoscaling.intervalSeconds``. Stopping Prometheus must turn ``MetricsAvailable`` False
+with ``PrometheusUnreachable`` and bring every cap back to the conservative floor.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.localcluster.prometheus import local_cluster_prometheus
+from test_operator_kit import (
+    EXAMPLES,
+    OperatorProcess,
+    api,
+    apply_pool,
+    child_pods,
+    condition,
+    dumps,
+    eventually,
+    namespace,
+    play_kubelet,
+    pool_status,
+)
+
+CAPACITY, CONTEXT = 65536, 8192  # floor: 8 sessions per replica
+
+
+@pytest.fixture
+def kube(cluster: LocalCluster) -> Iterator[tuple[client.CoreV1Api, client.CustomObjectsApi]]:
+    connection = api(cluster)
+    try:
+        yield client.CoreV1Api(connection), client.CustomObjectsApi(connection)
+    finally:
+        connection.close()  # type: ignore[no-untyped-call]
+
+
+def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
+    cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
+) -> None:
+    core, custom = kube
+    subnet = f"127.{10 + secrets.randbelow(240)}.{1 + secrets.randbelow(250)}"
+    ips = {f"watched-engine-{i}": f"{subnet}.{i + 1}" for i in range(2)}
+    pool: dict[str, Any] = copy.deepcopy(yaml.safe_load((EXAMPLES / "simulated-pool.yaml").read_text()))
+    pool["metadata"]["name"] = "watched"
+    pool["spec"]["replicas"] = 2
+    pool["spec"]["engine"].update(maxModelLen=CONTEXT, kvCapacityTokens=CAPACITY)
+    with (
+        namespace(cluster, "op-prometheus") as ns,
+        ProcessSet(tmp_path / "engines") as engines,
+        local_cluster_prometheus(cluster, namespaces=[ns], scrape_interval_seconds=1.0) as prometheus,
+    ):
+        for name, ip in ips.items():  # the engine processes the pods stand for, on port 8000 of their IPs
+            argv = rolloutpool_argv(
+                "engine-sim", f"--host={ip}", "--port=8000", f"--kv-capacity-tokens={CAPACITY}",
+                f"--max-model-len={CONTEXT}",
+            )  # fmt: skip
+            engines.start(name, argv, ready_url=f"http://{ip}:8000/health")
+        pool["spec"]["autoscaling"] = {"enabled": True, "prometheusUrl": prometheus.url, "intervalSeconds": 5}
+        with OperatorProcess(cluster, ns, tmp_path / "operator.log"):
+            apply_pool(cluster, ns, pool)
+            eventually(lambda: len(child_pods(core, ns, "watched")) == 2, what="2 engine pods")
+            for name, ip in ips.items():
+                play_kubelet(core, ns, name, ip=ip)
+            started = time.monotonic()
+
+            def available() -> dict[str, Any] | None:
+                status = pool_status(custom, ns, "watched")
+                return status if condition(status, "MetricsAvailable").get("status") == "True" else None
+
+            status = eventually(available, timeout=90, what="MetricsAvailable=True from the real Prometheus")
+            print(f"pods ready -> MetricsAvailable=True: {time.monotonic() - started:.1f}s")
+            assert condition(status, "MetricsAvailable")["reason"] == "MetricsAvailable"
+            entries = status["replicaStatus"]
+            assert {e["kvCapacityTokens"] for e in entries} == {CAPACITY}, dumps(entries)
+            assert all(e["kvUsage"] == 0.0 for e in entries), dumps(entries)
+            assert all(e["cap"] >= CAPACITY // CONTEXT for e in entries)
+
+            prometheus.stop()
+            stopped = time.monotonic()
+
+            def blind() -> dict[str, Any] | None:
+                status = pool_status(custom, ns, "watched")
+                metrics = condition(status, "MetricsAvailable")
+                return status if metrics.get("reason") == "PrometheusUnreachable" else None
+
+            status = eventually(blind, timeout=60, what="MetricsAvailable=False PrometheusUnreachable")
+            print(f"Prometheus stopped -> PrometheusUnreachable and floor caps: {time.monotonic() - stopped:.1f}s")
+            print(f"caps while metrics were available: {[e['cap'] for e in entries]}")
+            assert condition(status, "MetricsAvailable")["status"] == "False"
+            assert {e["cap"] for e in status["replicaStatus"]} == {CAPACITY // CONTEXT}, dumps(status)
+            assert not any(e["quarantined"] for e in status["replicaStatus"])
