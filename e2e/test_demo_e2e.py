@@ -1,7 +1,13 @@
-"""The README's demo: control plane, CRD, example pools, `kubectl get rp`; Ctrl-C leaves nothing behind."""
+"""The README's demo, for real: chart, operator pod, simulated pool, load, quarantine and release.
+
+Runs ``rolloutpool demo --once`` as a user would (a subprocess), then checks what it
+printed and wrote, and that nothing it started is left running. A second run is
+interrupted with SIGINT mid-load and must stop just as cleanly.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,38 +20,58 @@ def _mentioning(marker: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+            try:  # pods run by the kubelet name their pod directory in HOME, not on the command line
+                if any(marker.encode() in Path(f"/proc/{entry}/{f}").read_bytes() for f in ("cmdline", "environ")):
                     found.append(int(entry))
             except OSError:
                 continue
     return found
 
 
-def test_demo_shows_pools_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    directory = tmp_path / "demo"
-    log = tmp_path / "demo.log"
+def _start(directory: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rolloutpool.cli", "demo", "--dir", str(directory)],
+        return subprocess.Popen(
+            [sys.executable, "-m", "rolloutpool.cli", "demo", "--dir", str(directory), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "COLUMNS": "200"},
         )
+
+
+def test_demo_quarantines_a_replica_releases_it_and_leaves_nothing(tmp_path: Path) -> None:
+    directory, log = tmp_path / "demo", tmp_path / "demo.log"
+    proc = _start(directory, log, "--once")
     try:
-        deadline = time.monotonic() + 180
-        while "press Ctrl-C" not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
+        assert proc.wait(timeout=900) == 0, log.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "A replica was quarantined and released." in text, text[-5000:]
+    assert "no processes left behind" in text
+    timeline = json.loads((directory / "timeline.json").read_text())
+    assert {"load", "released", "cleared"} <= set(timeline["marks"])
+    quarantined = [r for s in timeline["samples"] for r in s["replicas"] if r.get("quarantined")]
+    assert quarantined, "the timeline never showed a quarantined replica"
+    assert all(r.get("reason") for r in quarantined)
+    assert (directory / "timeline.png").stat().st_size > 10_000
+    assert _mentioning(str(directory)) == []
+
+
+def test_demo_stops_cleanly_on_ctrl_c_under_load(tmp_path: Path) -> None:
+    directory, log = tmp_path / "demo", tmp_path / "demo.log"
+    proc = _start(directory, log)
+    try:
+        deadline = time.monotonic() + 600
+        while "starting" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-5000:]
+            assert time.monotonic() < deadline, log.read_text()[-5000:]
             time.sleep(0.5)
-        text = log.read_text()
-        assert "NAME" in text
-        assert "QUARANTINED" in text
-        assert "sim-grpo" in text
-        assert "qwen3-8b-grpo" in text
-        assert len(_mentioning(str(directory))) >= 3  # etcd, apiserver, controller-manager
+        assert len(_mentioning(str(directory))) >= 6  # control plane, kubelet, Prometheus, operator, engines, router
+        time.sleep(5)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=180) == 0, log.read_text()[-5000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -452,12 +452,14 @@ def localcluster_env(directory: Path) -> None:
 
 @main.command()
 @_dir_option
-@click.option("--once", is_flag=True, help="Exit after printing instead of waiting for Ctrl-C.")
-def demo(directory: Path, once: bool) -> None:
-    """Run the local demo: control plane, CRD, example pools, `kubectl get rp`."""
+@click.option("--once", is_flag=True, help="Exit once the quarantine has cleared instead of waiting for Ctrl-C.")
+@click.option("--in-flight", type=click.IntRange(min=1), default=48, show_default=True, help="Concurrent rollouts.")
+@click.option("--load-seconds", type=click.FloatRange(min=5), default=90, show_default=True, help="Length of the load.")
+def demo(directory: Path, once: bool, in_flight: int, load_seconds: float) -> None:
+    """Run the whole stack locally (chart, operator, simulated pool, load) through a quarantine and its release."""
     from rolloutpool.demo import run_demo  # noqa: PLC0415
 
-    run_demo(directory=directory, once=once, console=_console)
+    run_demo(directory=directory, once=once, console=_console, in_flight=in_flight, load_seconds=load_seconds)
 
 
 if __name__ == "__main__":  # pragma: no cover
