@@ -225,3 +225,13 @@ async def test_bad_input_is_an_openai_error_and_changes_nothing() -> None:
             assert (await resp.json())["error"]["type"] == "NotFoundError"
         assert rt.live() == {"e0": 1}
     await no_leaked_tasks()
+
+
+async def test_reprefill_counter_exists_at_zero_for_every_replica() -> None:
+    """A counter born at its first increment is invisible to PromQL's rate(); each replica's starts at 0."""
+    async with engines(2) as urls, router(urls) as rt:
+        async with rt.http.get(f"{rt.url}/metrics") as resp:
+            text = await resp.text()
+        for name in ("e0", "e1"):
+            assert f'rolloutpool_router_reprefilled_tokens_total{{replica="{name}"}} 0.0' in text
+    await no_leaked_tasks()

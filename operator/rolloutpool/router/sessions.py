@@ -124,6 +124,8 @@ class SessionManager:
         self.runtime[spec.name] = ReplicaRuntime(
             spec=spec, pressure=PressureState(self.config.quarantine), block_size=self.config.default_block_size
         )
+        # a counter that appears at its first increment is invisible to rate(): start it at 0
+        self.metrics.reprefilled_tokens.labels(spec.name).inc(0)
         _log.info("Added replica replica=%s url=%s", spec.name, spec.url)
         self.admit_waiting()
 
