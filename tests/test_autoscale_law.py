@@ -19,7 +19,7 @@ P = LawParams(
     floor=10, ceiling=40, target_kv_usage=0.85, tolerance=0.05, cooldown_seconds=60, decrease_factor=0.8,
     increase_step=1, reprefill_tokens_per_s=2000, preemptions_per_s=0.01, waiting_threshold=1,
     slow_start_factor=1.0, settle_seconds=180, probe_seconds=600, binding_slack=1, severe_factor=3.0,
-    quarantine_mild=True,
+    quarantine_on="any", quarantine_holds=True,
 )  # fmt: skip
 CALM = ReplicaSignals(kv_usage=0.5, preemptions_per_s=0.0, waiting=0, reprefill_tokens_per_s=0.0, live_sessions=20)
 EVICTING = replace(CALM, reprefill_tokens_per_s=5000.0)
@@ -132,9 +132,21 @@ def test_nearing_the_cliff_turns_the_climb_into_probes() -> None:
 
 
 def test_mild_pressure_quarantines_only_when_asked() -> None:
-    params = replace(P, quarantine_mild=False)
+    params = replace(P, quarantine_on="severe")
     assert not decide_replica(previous=at(20), signals=EVICTING, params=params, now=100).quarantined
     assert decide_replica(previous=at(20), signals=STORM, params=params, now=100).quarantined
+    assert not decide_replica(
+        previous=at(20), signals=STORM, params=replace(P, quarantine_on="never"), now=100
+    ).quarantined
+
+
+def test_by_default_only_the_cutting_step_quarantines() -> None:
+    params = LawParams(floor=10, ceiling=40)
+    storm = replace(STORM, reprefill_tokens_per_s=50_000.0, live_sessions=30)
+    cut = decide_replica(previous=at(30), signals=storm, params=params, now=100)
+    assert (cut.cap, cut.quarantined) == (21, True)
+    held = decide_replica(previous=cut, signals=replace(storm, live_sessions=25), params=params, now=115)
+    assert (held.cap, held.quarantined, held.reason) == (21, False, "LivePrefixEviction")
 
 
 def test_missing_metrics_fall_back_to_the_floor_unquarantined() -> None:

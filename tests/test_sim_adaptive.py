@@ -35,7 +35,7 @@ def test_live_prefix_eviction_cuts_the_adaptive_cap() -> None:
     # oversubscribed: long contexts on small replicas; the law must cut and quarantine
     config = FleetConfig(
         scenario=scenario("agentic-grpo").with_(max_model_len=8192), in_flight=40, replicas=2, num_gpu_blocks=2000,
-        duration_s=1800, law=LawParams(floor=3, ceiling=40, reprefill_tokens_per_s=200.0, quarantine_mild=False),
+        duration_s=1800, law=LawParams(floor=3, ceiling=40, reprefill_tokens_per_s=200.0, quarantine_on="severe"),
     )  # fmt: skip
     result = simulate_policy(config, ADAPTIVE)
     assert result.evicted_reprefill_tokens > 0

@@ -45,6 +45,8 @@ class ReplicaSignals:
     """``num_gpu_blocks * block_size`` from ``vllm:cache_config_info``."""
     live_sessions: int | None = None
     """The router's live sessions on the replica."""
+    queued_sessions: int | None = None
+    """New sessions waiting in the router's admission queue (fleet-wide, ``rolloutpool_router_queue_depth``)."""
     sampled_at: float | None = None
     """Unix time of the newest sample these values come from."""
 
@@ -94,17 +96,22 @@ class LawParams:
     """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``)."""
     probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
-    severe_factor: float = 3.0
+    severe_factor: float = 5.0
     """Pressure this many times over a threshold is severe: the cut is multiplicative, otherwise one step."""
-    quarantine_mild: bool = False
-    """Quarantine on any pressure; False: only on severe pressure (a fast loop in the router covers the rest)."""
+    quarantine_on: Literal["any", "severe", "never"] = "severe"
+    """Which pressure quarantines: any, only severe (default; the router's fast loop covers the rest), or never
+    (caps only). A quarantine held for a whole rate window drains a replica far below its cap."""
+    quarantine_holds: bool = False
+    """Keep quarantining while pressure lasts after a cut; False: only the step that cuts quarantines (the cut
+    itself stops new sessions until enough finish; the rate window outlasts the pressure by minutes)."""
     warning_fraction: float = 0.25
     """Eviction at this fraction of a pressure threshold stops the additive climb (probes only from there)."""
     settle_seconds: float = 300.0
     """After a cut, pressure within this long holds the cap (quarantined) instead of cutting again: a cut only
     stops new sessions, the resident ones take minutes to finish (about a median trajectory's life)."""
     binding_slack: int = 1
-    """The cap is raised only while it binds: live sessions at least ``cap - binding_slack`` (when known)."""
+    """The cap is raised only while it binds: live sessions at least ``cap - binding_slack`` and new sessions
+    queued in the router (each when known). A cap nobody waits for stays put, and keeps the replicas balanced."""
 
 
 @dataclass(frozen=True)
@@ -146,9 +153,9 @@ def _cut(
     cut_last = previous.reason in _PRESSURE_REASONS
     live = signals.live_sessions
     severe = _severe(signals, params)
-    quarantine = severe or params.quarantine_mild
+    quarantine = params.quarantine_on == "any" or (severe and params.quarantine_on == "severe")
     hold = ReplicaControl(
-        cap=current, changed_at=previous.changed_at, quarantined=quarantine, reason=reason,
+        cap=current, changed_at=previous.changed_at, quarantined=quarantine and params.quarantine_holds, reason=reason,
         limit=previous.limit, limit_at=previous.limit_at,
     )  # fmt: skip
     if live is not None and live > current:
@@ -228,12 +235,15 @@ def _raise(
     )  # fmt: skip
     cooled = previous.changed_at is None or now - previous.changed_at >= params.cooldown_seconds
     usage = signals.kv_usage
-    binding = signals.live_sessions is None or signals.live_sessions >= current - params.binding_slack
+    binding = (signals.live_sessions is None or signals.live_sessions >= current - params.binding_slack) and (
+        signals.queued_sessions is None or signals.queued_sessions > 0
+    )
     if usage is None or usage >= params.target_kv_usage - params.tolerance or not cooled or not binding:
         return keep
     step = params.increase_step
     limit = previous.limit
-    if _eviction_ratio(signals, params) >= params.warning_fraction:
+    climbing = limit is None or current + step < limit
+    if climbing and _eviction_ratio(signals, params) >= params.warning_fraction:
         # live prefixes start to go, under the threshold: the cliff is near and its signal lags the cap by
         # minutes (sessions grow after admission), so stop climbing here and only probe from now on
         return replace(keep, limit=min(limit or current + step, current + step), limit_at=now, reason="Nearing")

@@ -65,7 +65,9 @@ class AdaptiveCaps:
         params = config.law or LawParams(floor=floor, ceiling=max(floor, config.max_num_seqs))
         return cls(names=names, params=params, capacity_tokens=capacity_tokens)
 
-    def _signals(self, *, name: str, now: float, engine: Engine, live: int, reprefill: int) -> ReplicaSignals:
+    def _signals(
+        self, *, name: str, now: float, engine: Engine, live: int, reprefill: int, queued: int
+    ) -> ReplicaSignals:
         c = engine.counters
         scrapes = self._scrapes[name]
         scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill))
@@ -83,15 +85,24 @@ class AdaptiveCaps:
             reprefill_tokens_per_s=rate(first.reprefill, last.reprefill),
             kv_capacity_tokens=self.capacity_tokens,
             live_sessions=live,
+            queued_sessions=queued,
             sampled_at=now,
         )
 
     def step(
-        self, *, now: float, engines: Mapping[str, Engine], live: Mapping[str, int], reprefill: Mapping[str, int]
+        self,
+        *,
+        now: float,
+        engines: Mapping[str, Engine],
+        live: Mapping[str, int],
+        reprefill: Mapping[str, int],
+        queued: int,
     ) -> dict[str, ReplicaControl]:
         """One control step over every replica; returns the new controls."""
         for name, engine in engines.items():
-            signals = self._signals(name=name, now=now, engine=engine, live=live[name], reprefill=reprefill[name])
+            signals = self._signals(
+                name=name, now=now, engine=engine, live=live[name], reprefill=reprefill[name], queued=queued
+            )
             before = self.controls[name]
             after = decide_replica(previous=before, signals=signals, params=self.params, now=now)
             self.cuts += after.cap < before.cap

@@ -358,7 +358,9 @@ class _Fleet:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
         engines = {n: d.engine for n, d in self.drivers.items()}
         live = {n: self.table.replicas[n].live for n in self.names}
-        controls = self.law.step(now=self.now, engines=engines, live=live, reprefill=self.live_reprefill)
+        controls = self.law.step(
+            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.queue)
+        )
         for name, control in controls.items():
             self.table.replicas[name].cap = control.cap
             self._quarantine(name)
