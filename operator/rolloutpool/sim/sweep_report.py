@@ -85,12 +85,16 @@ def write_cap_plots(runs: dict[str, SweepRun], points: list[Point], out_dir: Pat
     for run in sorted(runs.values(), key=lambda r: (r.scenario, r.load)):
         if run.cap is not None or not run.control:
             continue
-        fig, ax = plt.subplots(figsize=(8, 3.6))
+        fig, ax = plt.subplots(figsize=(9, 4.6))
         series: dict[str, list[tuple[float, int]]] = defaultdict(list)
         for t, replica, cap, _live, _q in run.control:
             series[replica].append((t / 60, cap))
         for replica, caps in sorted(series.items()):
-            ax.plot([c[0] for c in caps], [c[1] for c in caps], lw=0.8, label=replica)
+            ax.plot([c[0] for c in caps], [c[1] for c in caps], lw=0.7, alpha=0.7, label=replica)
+        steps: dict[float, list[int]] = defaultdict(list)
+        for t, _replica, cap, _live, _q in run.control:
+            steps[t / 60].append(cap)
+        ax.plot(list(steps), [sum(v) / len(v) for v in steps.values()], color="k", lw=1.8, label="fleet mean cap")
         if (run.scenario, run.load) in best:
             ax.axhline(best[run.scenario, run.load], color="k", ls=":", label="best fixed cap (hindsight)")
         for name, label, color in _REFERENCES.get(run.scenario, ()):
@@ -100,7 +104,7 @@ def write_cap_plots(runs: dict[str, SweepRun], points: list[Point], out_dir: Pat
         ax.set_ylabel("cap (live sessions per replica)")
         ax.set_title(f"Adaptive cap over time: {run.scenario} at {run.load:g}x", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=5)
+        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         fig.tight_layout()
         path = out_dir / f"caps_over_time_{run.scenario}_{run.load:g}x.png"
         fig.savefig(path, dpi=110)
