@@ -44,6 +44,7 @@ __all__ = [
     "pod_ready",
     "poll_samples",
     "processes_under",
+    "restarts",
     "router_metrics",
     "router_pod",
     "sigkill_pod",
@@ -119,6 +120,12 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def restarts(pod: dict[str, Any]) -> int:
+    """Restart count of a pod's (first) container."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return int(statuses[0].get("restartCount") or 0)
+
+
 def pod_dirs(stack: LocalStack, pod: dict[str, Any]) -> Path:
     """The kubelet's directory of one pod: ``<stack>/cluster/kubelet/pods/<ns>_<name>_<uid8>``."""
     meta = pod["metadata"]
@@ -165,12 +172,13 @@ def sigkill_pod(stack: LocalStack, pod: dict[str, Any]) -> list[int]:
     return pids
 
 
-def http_json(method: str, url: str, body: dict[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
-    """One JSON request; HTTP errors raise ``urllib.error.HTTPError``."""
+def http_json(
+    method: str, url: str, body: dict[str, Any] | None = None, *, timeout: float = 10.0, session: str | None = None
+) -> Any:
+    """One JSON request (``session`` as ``X-Session-ID``); HTTP errors raise ``urllib.error.HTTPError``."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(  # noqa: S310 - our own http URL
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"} | ({"X-Session-ID": session} if session else {})
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - our http URL
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own http URL
         return json.loads(response.read() or b"null")
 

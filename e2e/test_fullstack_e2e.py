@@ -34,9 +34,12 @@ from fullstack_kit import (
     live_by_replica,
     pod_pids,
     pod_ready,
+    poll_samples,
     processes_under,
+    restarts,
     router_metrics,
     router_pod,
+    sigkill_pod,
     wait_until,
 )
 from rolloutpool.demo import POOL, demo_pool
@@ -46,6 +49,7 @@ from rolloutpool.stack import LocalStack
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 TIME_SCALE = 10.0
 IN_FLIGHT = 36
+ROUTER = "rolloutpool_router_"
 SA = "system:serviceaccount:rolloutpool-system:rolloutpool-operator"
 
 
@@ -202,3 +206,275 @@ def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
         f"# kubectl describe rp {POOL}  ({stamp})\n\n## while a replica is quarantined\n\n{describe_quarantined}"
         f"\n## after the load stopped and the quarantine cleared\n\n{describe_released}"
     )
+
+
+def test_prometheus_down_gives_floor_caps_and_metrics_come_back(stack: LocalStack, manifest: dict[str, Any]) -> None:
+    _quiet(stack)
+    floor = _floor(manifest)
+    prometheus = stack.prometheus
+    assert prometheus is not None
+    wait_until(
+        "MetricsAvailable=True",
+        lambda: condition(stack.pool(POOL), "MetricsAvailable").get("status") == "True",
+        timeout=60,
+    )
+    caps_before = [r["cap"] for r in stack.pool(POOL)["status"]["replicaStatus"]]
+    prometheus.stop(keep_data=True)
+    try:
+        stopped = time.monotonic()
+
+        def blind() -> dict[str, Any] | None:
+            pool = stack.pool(POOL)
+            metrics = condition(pool, "MetricsAvailable")
+            caps = {r["cap"] for r in pool["status"]["replicaStatus"]}
+            return pool if metrics.get("reason") == "PrometheusUnreachable" and caps == {floor} else None
+
+        pool = wait_until("PrometheusUnreachable and floor caps", blind, timeout=90)
+        print(f"Prometheus stopped -> floor caps {floor} (were {caps_before}): {time.monotonic() - stopped:.1f}s")
+        assert condition(pool, "MetricsAvailable")["status"] == "False"
+        assert condition(pool, "Ready")["status"] == "True"  # the pool keeps serving, conservatively
+        assert not any(r["quarantined"] for r in pool["status"]["replicaStatus"])
+        url = _router(stack)
+        wait_until(
+            "the router applies the floor caps",
+            lambda: (
+                {v for (n, _), v in router_metrics(url).items() if n == "rolloutpool_router_session_cap"} == {floor}
+            ),
+            timeout=30,
+        )
+    finally:
+        if not prometheus.running:
+            prometheus.start()
+    restarted = time.monotonic()
+    wait_until(
+        "MetricsAvailable=True again",
+        lambda: condition(stack.pool(POOL), "MetricsAvailable").get("status") == "True",
+        timeout=120,
+        interval=1.0,
+    )
+    print(f"Prometheus started -> MetricsAvailable=True: {time.monotonic() - restarted:.1f}s")
+
+
+def _metric(samples: dict[Any, float], name: str, replica: str) -> float:
+    return sum(v for (n, labels), v in samples.items() if n == name and ("replica", replica) in labels)
+
+
+def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
+    stack: LocalStack, manifest: dict[str, Any]
+) -> None:
+    _quiet(stack)
+    url = _router(stack)
+    victim = f"{POOL}-engine-1"
+    load = LoadRun(url, in_flight=24, seconds=60, time_scale=TIME_SCALE, prefix="crash")
+    try:
+        wait_until(
+            "sessions on the victim",
+            lambda: live_by_replica(router_metrics(url)).get(victim, 0) > 0,
+            timeout=60,
+        )
+        before = engine_pods(stack, POOL)[victim]
+        restarted = restarts(before)
+        killed = sigkill_pod(stack, before)
+        killed_at = time.monotonic()
+
+        def out_of_service() -> bool:
+            samples = router_metrics(url)
+            ready = _metric(samples, "rolloutpool_router_replica_ready", victim)
+            return ready == 0 and _metric(samples, "rolloutpool_router_live_sessions", victim) == 0
+
+        wait_until("the router takes the dead replica out", out_of_service, timeout=30, interval=0.3)
+        print(f"engine killed -> router stopped placing there: {time.monotonic() - killed_at:.1f}s")
+        placed = _metric(router_metrics(url), "rolloutpool_router_placements_total", victim)
+
+        def back() -> dict[str, Any] | None:
+            pod = engine_pods(stack, POOL).get(victim)
+            if pod is None or not pod_ready(pod):
+                return None
+            again = pod["metadata"]["uid"] != before["metadata"]["uid"]
+            return pod if again or restarts(pod) > restarted else None
+
+        samples = poll_samples(lambda: router_metrics(url), until=lambda: back() is not None, timeout=120, interval=0.5)
+        print(f"engine killed -> pod Ready again: {time.monotonic() - killed_at:.1f}s")
+        for sample in samples:
+            if _metric(sample, "rolloutpool_router_replica_ready", victim) == 0:
+                assert _metric(sample, "rolloutpool_router_live_sessions", victim) == 0
+                assert _metric(sample, "rolloutpool_router_placements_total", victim) == placed
+        revived = back()
+        assert revived is not None
+        assert set(pod_pids(stack, revived)).isdisjoint(killed)
+        wait_until(
+            "the router places on the revived replica",
+            lambda: _metric(router_metrics(url), "rolloutpool_router_placements_total", victim) > placed,
+            timeout=60,
+        )
+        result = load.join(timeout=150)
+    finally:
+        load.stop()
+    after_kill = [t for t in result.completed if t.finished is not None and t.finished > killed_at]
+    print(f"load: {len(result.completed)} rollouts, {len(after_kill)} after the kill, {result.retries} retries")
+    assert result.errors == 0
+    assert len(after_kill) >= 5
+    pool = _quiet(stack)  # every session released or expired: the counts are back to zero everywhere
+    assert all(r["liveSessions"] == 0 for r in pool["status"]["replicaStatus"])
+    assert pool["status"]["queuedSessions"] == 0
+
+
+def _status_live(stack: LocalStack) -> int:
+    return int((stack.pool(POOL).get("status") or {}).get("liveSessions") or 0)
+
+
+def _acquire(url: str, ids: list[str]) -> dict[str, tuple[str, bool]]:
+    """``POST /v1/sessions`` for each id: where it lives and whether it was created now."""
+    answers = [http_json("POST", f"{url}/v1/sessions", {"session_id": sid}) for sid in ids]
+    return {a["session_id"]: (a["replica"]["name"], a["created"]) for a in answers}
+
+
+def _turn(url: str, ids: list[str]) -> None:
+    """One chat turn of each session through the router (refreshes its idle clock and the router's snapshot)."""
+    for sid in ids:
+        body = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": f"turn of {sid}"}], "max_tokens": 2}
+        assert http_json("POST", f"{url}/v1/chat/completions", body, session=sid, timeout=60)["choices"]
+
+
+def _settle_on(stack: LocalStack, url: str, expected: dict[str, int], what: str) -> list[int]:
+    """Wait until the router and the pool's status both count ``expected``; every status count seen."""
+    total = sum(expected.values())
+    seen: list[int] = []
+
+    def agreed() -> bool:
+        seen.append(_status_live(stack))
+        live = {k: v for k, v in live_by_replica(router_metrics(url)).items() if v}
+        return live == expected and seen[-1] == total
+
+    wait_until(what, agreed, timeout=60, interval=0.5)
+    return seen
+
+
+def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, manifest: dict[str, Any]) -> None:
+    _quiet(stack)
+    url = _router(stack)
+    ids = [f"held-{i}" for i in range(6)]
+    placed = _acquire(url, ids)
+    assert all(created for _, created in placed.values())
+    expected: dict[str, int] = {}
+    for replica, _ in placed.values():
+        expected[replica] = expected.get(replica, 0) + 1
+    _settle_on(stack, url, expected, "6 live sessions counted once")
+
+    # the router's container crashes: the kubelet restarts it and it restores its snapshot (emptyDir)
+    (pod,) = router_pod(stack, POOL)
+    _turn(url, ids)
+    assert not any(created for _, created in _acquire(url, ids).values())
+    sigkill_pod(stack, pod)
+    restarted = wait_until(
+        "the router container restarted and ready",
+        lambda: next(
+            (
+                p
+                for p in router_pod(stack, POOL)
+                if pod_ready(p) and p["status"]["containerStatuses"][0]["restartCount"]
+            ),
+            None,
+        ),
+        timeout=90,
+    )
+    assert restarted["metadata"]["uid"] == pod["metadata"]["uid"]
+    url = _router(stack)
+    seen = _settle_on(stack, url, expected, "the restored sessions counted once")
+    assert max(seen) <= 6, seen
+    assert _acquire(url, ids) == {sid: (replica, False) for sid, (replica, _) in placed.items()}
+    _turn(url, ids)
+
+    # the router pod is deleted: the Deployment's new pod starts empty; sessions come back on their next turn
+    stack.cluster.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
+    seen = []
+
+    def new_router() -> str | None:
+        seen.append(_status_live(stack))
+        fresh = [p for p in router_pod(stack, POOL) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+        return stack.router_url(POOL) if fresh and all(pod_ready(p) for p in fresh) else None
+
+    url = wait_until("a new router pod", new_router, timeout=120)
+    again = _acquire(url, ids)
+    assert all(created for _, created in again.values())  # a fresh table: nothing left over to add to
+    moved: dict[str, int] = {}
+    for replica, _ in again.values():
+        moved[replica] = moved.get(replica, 0) + 1
+    seen += _settle_on(stack, url, moved, "the re-placed sessions counted once")
+    assert max(seen) <= 6, seen
+    assert len(router_pod(stack, POOL)) == 1
+    for sid in ids:
+        assert http_json("DELETE", f"{url}/v1/sessions/{sid}")["released"] is True
+    _quiet(stack)
+
+
+def _children(stack: LocalStack) -> dict[str, str]:
+    kinds = "pods,deployments,replicasets,services,serviceaccounts,roles,rolebindings"
+    items = stack.get_json(kinds, "-n", "default", "-l", f"rolloutpool.io/pool={POOL}")["items"]
+    return {f"{i['kind']}/{i['metadata']['name']}": i["metadata"]["uid"] for i in items}
+
+
+def test_operator_restart_makes_no_duplicate_children(stack: LocalStack, manifest: dict[str, Any]) -> None:
+    _quiet(stack)
+    before = _children(stack)
+    kinds = sorted(k.split("/")[0] for k in before)
+    assert kinds.count("Pod") == 4, before  # three engines, one router
+    assert kinds.count("Deployment") == 1, before
+    selector = "app.kubernetes.io/component=operator"
+    (old,) = stack.get_json("pods", "-n", stack.namespace, "-l", selector)["items"]
+    stack.cluster.kubectl("delete", "pod", "-n", stack.namespace, old["metadata"]["name"], "--wait=false")
+
+    def new_operator() -> dict[str, Any] | None:
+        pods = stack.get_json("pods", "-n", stack.namespace, "-l", selector)["items"]
+        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"] and pod_ready(p)]
+        return fresh[0] if len(pods) == 1 and fresh else None
+
+    new = wait_until("a new operator pod", new_operator, timeout=120)
+    home = stack.directory / "cluster" / "kubelet" / "pods"
+    (directory,) = home.glob(f"{stack.namespace}_{new['metadata']['name']}_*")
+    log = directory / "logs" / "operator.log"
+    passes = wait_until(
+        "the new operator reconciles the pool",
+        lambda: [
+            line for line in log.read_text().splitlines() if f"Reconciled RolloutPool pool=default/{POOL}" in line
+        ],
+        timeout=90,
+    )
+    assert all(" created=0 deleted=0 " in line for line in passes), passes
+    assert "Created" not in log.read_text(), log.read_text()[-3000:]
+    assert _children(stack) == before
+    assert condition(_quiet(stack), "Ready")["status"] == "True"
+
+
+def test_uninstall_leaves_only_the_crd_and_deleting_it_removes_the_pools(
+    stack: LocalStack, manifest: dict[str, Any]
+) -> None:
+    _quiet(stack)
+    (operator,) = stack.get_json("pods", "-n", stack.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
+    stack.helm("uninstall", stack.release, "--namespace", stack.namespace, "--wait", "--timeout", "90s")
+    assert json.loads(stack.helm("list", "--all-namespaces", "-o", "json").stdout) == []
+    release = f"app.kubernetes.io/instance={stack.release}"
+    wait_until(
+        "the operator pod and its process gone",
+        lambda: not stack.get_json("pods", "-n", stack.namespace)["items"] and not pod_pids(stack, operator),
+        timeout=90,
+    )
+    namespaced = "deployments,replicasets,services,configmaps,roles,rolebindings"
+    assert stack.get_json(namespaced, "-n", stack.namespace, "-l", release)["items"] == []
+    accounts = stack.get_json("serviceaccounts", "-n", stack.namespace)["items"]
+    assert [a["metadata"]["name"] for a in accounts] == ["default"]
+    for kind in ("clusterroles", "clusterrolebindings"):
+        names = [i["metadata"]["name"] for i in stack.get_json(kind)["items"]]
+        assert not [n for n in names if "rolloutpool" in n], names
+    # what the user made stays: the CRD, the pool, and the pool's own children
+    stack.cluster.kubectl("get", "crd", "rolloutpools.rolloutpool.io")
+    assert stack.pool(POOL)["metadata"]["name"] == POOL
+    children = _children(stack)
+    assert children, "the pool's children went with the release"
+    pods = [*engine_pods(stack, POOL).values(), *router_pod(stack, POOL)]
+
+    stack.cluster.kubectl("delete", "crd", "rolloutpools.rolloutpool.io", "--timeout=90s")
+    deleted = stack.cluster.kubectl("get", "rolloutpools", "-A", check=False)
+    assert deleted.returncode != 0, deleted.stdout  # the resource itself is gone
+    wait_until("the pool's children collected", lambda: not _children(stack), timeout=120, interval=1.0)
+    wait_until("their processes stopped", lambda: not any(pod_pids(stack, p) for p in pods), timeout=60)
