@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+
+from click.testing import CliRunner
 
 from rolloutpool.autoscale import LawParams
+from rolloutpool.cli import main
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.sweep import cap_grid, run_key, run_sweep, sweep_points
@@ -97,3 +102,21 @@ def test_cap_grid_and_sweep_pick_the_best_fixed_cap() -> None:
     )  # fmt: skip
     assert again == runs  # every run came from the cache
     assert len(done) == len(runs)
+
+
+def test_simulate_caps_command_writes_outputs_and_reuses_its_cache(tmp_path: Path) -> None:
+    args = ["simulate-caps", "--scenario", "tool-chat", "--load", "1.5", "--replicas", "2", "--duration", "60",
+            "--step", "8", "--workers", "1", "--out", str(tmp_path)]  # fmt: skip
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "Finished tool-chat" in first.output
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    (point,) = data["points"]
+    assert point["ratio"] == point["adaptive_tokens_per_s"] / point["best_tokens_per_s"]
+    assert (tmp_path / "sweep.md").read_text().startswith("| scenario |")
+    assert (tmp_path / "caps_throughput_vs_cap.png").stat().st_size > 0
+    assert (tmp_path / "caps_over_time_tool-chat_1.5x.png").stat().st_size > 0
+    again = CliRunner().invoke(main, [*args, "--no-plots"])
+    assert again.exit_code == 0, again.output
+    assert "Finished" not in again.output  # every run came from the cache
+    assert json.loads((tmp_path / "sweep.json").read_text())["runs"] == data["runs"]
