@@ -62,7 +62,8 @@ class ReplicaControl:
     reason: str | None = None
     """Why quarantined (``LivePrefixEviction``, ``Preempting``, ``Queueing``) or why the cap last moved."""
     limit: int | None = None
-    """The lowest cap at which pressure was last seen (the cliff the law learned); None before any pressure."""
+    """The cap the law does not pass without probing (the cliff it learned): where pressure last showed, one step
+    over a storm's cut, or one step over where early eviction stopped the climb; None before any sign."""
     limit_at: float | None = None
     """Unix time the limit was learned or last probed."""
 
@@ -107,7 +108,7 @@ class LawParams:
     warning_fraction: float = 0.25
     """Eviction at this fraction of a pressure threshold stops the additive climb (probes only from there)."""
     settle_seconds: float = 300.0
-    """After a cut, pressure within this long holds the cap (quarantined) instead of cutting again: a cut only
+    """After a cut, pressure within this long holds the cap instead of cutting again: a cut only
     stops new sessions, the resident ones take minutes to finish (about a median trajectory's life)."""
     binding_slack: int = 1
     """The cap is raised only while it binds: live sessions at least ``cap - binding_slack`` and new sessions
@@ -148,7 +149,7 @@ def _clamp(cap: int, params: LawParams) -> int:
 def _cut(
     *, previous: ReplicaControl, current: int, signals: ReplicaSignals, reason: str, params: LawParams, now: float
 ) -> ReplicaControl:
-    """Under pressure: cut below the cap (or the live count, when lower) where the pressure showed."""
+    """Under pressure: cut below the cap where the pressure showed, unless the last cut is still taking effect."""
     since = math.inf if previous.changed_at is None else now - previous.changed_at
     cut_last = previous.reason in _PRESSURE_REASONS
     live = signals.live_sessions
@@ -171,7 +172,7 @@ def _cut(
         # just past it (a probe, drift, noise): one step back; this cap is the new limit
         cut = _clamp(current - params.increase_step, params)
         limit = current
-    if cut >= current:
+    if cut >= current:  # at the floor: nothing to cut (the router's fast quarantine still acts)
         return replace(hold, limit=max(current, params.floor + 1), limit_at=now)
     return ReplicaControl(cap=cut, changed_at=now, quarantined=quarantine, reason=reason, limit=limit, limit_at=now)
 
@@ -197,17 +198,19 @@ def decide_replica(
 ) -> ReplicaControl:
     """Next cap and quarantine of one replica (pure).
 
-    Starts at the floor. Under pressure it quarantines and cuts the cap: one step back at the
-    edge of the cliff (the cap becomes the learned ``limit``), multiplicatively under severe
-    pressure (the limit is then assumed half-way back). Without pressure, with KV usage under the
-    target band and the cap binding (live sessions near it), it raises: multiplicatively before
-    any pressure was seen (slow start), then additively up to one step under the limit, where
-    it holds and probes one step higher every ``probe_seconds``; eviction under the threshold
-    (``warning_fraction`` of it) ends the climb where it is, since eviction lags the cap by
-    minutes (admitted sessions grow). Inside the band it holds. A cap
-    changes at most once per cooldown, except that a cut never waits for a raise's cooldown,
-    and a cut waits while live sessions still exceed the cap (the previous cut is taking
-    effect). Without signals the replica falls back to the floor, unquarantined.
+    Starts at the floor. Under pressure it cuts the cap: one step back at the edge of the cliff
+    (the cap becomes the learned ``limit``), multiplicatively under severe pressure (then the
+    limit is one step over the cut, and the way back is by probes). The cutting step
+    quarantines (by default only under severe pressure, see ``quarantine_on``). Without
+    pressure, with KV usage under the target band and the cap binding (live sessions at it and
+    new sessions queued), it raises: multiplicatively before any sign of pressure (slow
+    start), then additively up to one step under the limit, where it holds and probes one step
+    higher every ``probe_seconds``; eviction under the threshold (``warning_fraction`` of it)
+    ends the climb where it is, since eviction lags the cap by minutes (admitted sessions
+    grow). Inside the band it holds. A cap changes at most once per cooldown, except that a
+    cut never waits for a raise's cooldown; a cut waits ``settle_seconds`` after the previous
+    cut, and while live sessions still exceed the cap. Without signals the replica falls back
+    to the floor, unquarantined.
     """
     if previous is None:
         previous = ReplicaControl(cap=params.floor)
