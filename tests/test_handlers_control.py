@@ -201,3 +201,16 @@ def test_health_from_status_keeps_the_recorded_metrics_condition() -> None:
     )
     assert health_from_status(status).reason == "MetricsStale"
     assert health_from_status(None).reason == "AutoscalingDisabled"
+
+
+async def test_the_routers_queue_reaches_every_replicas_signals() -> None:
+    """The law raises a cap only while sessions wait; the routers' queue depth is that signal."""
+    reader = Reader({"p-engine-0": _fresh(), "p-engine-1": None})
+    step = await _step(reader, PoolMemory(), spec=_spec(), clock=0.0, queued_sessions=7)
+    first = step.signals["p-engine-0"]
+    assert first is not None
+    assert first.queued_sessions == 7
+    assert first.kv_usage == reader.signals["p-engine-0"].kv_usage  # type: ignore[union-attr]
+    assert step.signals["p-engine-1"] is None
+    unknown = await _step(reader, PoolMemory(), spec=_spec(), clock=0.0)
+    assert unknown.signals["p-engine-0"].queued_sessions is None  # type: ignore[union-attr]

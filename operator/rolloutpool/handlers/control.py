@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import RolloutPoolStatus
@@ -72,11 +72,14 @@ async def control_step(
     previous: RolloutPoolStatus | None,
     now: float,
     clock: float,
+    queued_sessions: int | None = None,
 ) -> ControlStep:
     """One pass's caps: a law step when due (reading Prometheus first), otherwise the kept ones.
 
     ``prometheus`` gives the reader of a URL; ``now`` is wall time (the law's cooldowns),
-    ``clock`` monotonic time (when the next step is due).
+    ``clock`` monotonic time (when the next step is due). ``queued_sessions`` is the
+    routers' admission queue (None when no router answered): the law raises a cap only
+    while sessions wait for it.
 
     Raises ``ValueError`` naming the spec field when the spec cannot be served.
     """
@@ -116,6 +119,10 @@ async def control_step(
             stale_after_seconds=stale_after_seconds(interval),
             error=error or "",
         )
+        if queued_sessions is not None:
+            signals = {
+                name: None if s is None else replace(s, queued_sessions=queued_sessions) for name, s in signals.items()
+            }
         memory.signals, memory.control_at = signals, clock
         if not memory.health.available:
             _log.info("Read no usable metrics pool=%s/%s reason=%s", namespace, pool, memory.health.reason)

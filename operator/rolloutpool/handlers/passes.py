@@ -167,6 +167,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
                 previous=previous,
                 now=now,
                 clock=time.monotonic(),
+                queued_sessions=stats.queued_sessions if known else None,
             )
         except ValueError as exc:  # the spec cannot be served after all: report, change nothing
             error, plan = str(exc), None
