@@ -10,6 +10,7 @@ found through ``/proc`` by the pod directory the kubelet gives them as ``HOME``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -18,11 +19,13 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
@@ -33,17 +36,23 @@ from rolloutpool.stack import LocalStack, wait_until
 __all__ = [
     "LoadRun",
     "RpWatch",
+    "acquire",
+    "chat_turn",
     "condition",
     "diagnosis",
     "engine_pods",
+    "finished_sessions",
     "http_json",
     "isolated_stack",
+    "jwt_subject",
     "live_by_replica",
     "pod_dirs",
     "pod_pids",
     "pod_ready",
     "poll_samples",
     "processes_under",
+    "replica_metric",
+    "replica_of",
     "restarts",
     "router_metrics",
     "router_pod",
@@ -315,3 +324,42 @@ def live_by_replica(samples: Sample) -> dict[str, float]:
         for (name, labels), v in samples.items()
         if name == "rolloutpool_router_live_sessions"
     }
+
+
+def jwt_subject(kubeconfig: Path) -> str:
+    """The subject of the token in a kubeconfig (``system:serviceaccount:<ns>:<name>``)."""
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    payload = token.split(".")[1]
+    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"])
+
+
+def replica_metric(samples: Sample, name: str, replica: str) -> float:
+    """A router sample of one replica, summed over its other labels."""
+    return sum(v for (n, labels), v in samples.items() if n == name and ("replica", replica) in labels)
+
+
+def finished_sessions(samples: Sample) -> float:
+    """Sessions the clients finished so far (``POST /finish_session``)."""
+    name = "rolloutpool_router_releases_total"
+    return sum(v for (n, labels), v in samples.items() if n == name and ("how", "finish_session") in labels)
+
+
+def replica_of(url: str, sid: str) -> str | None:
+    """The replica a session lives on, per the router; None when it is not live."""
+    try:
+        return str(http_json("GET", f"{url}/v1/sessions/{sid}")["replica"]["name"])
+    except urllib.error.HTTPError:
+        return None
+
+
+def acquire(url: str, ids: list[str]) -> dict[str, tuple[str, bool]]:
+    """``POST /v1/sessions`` for each id: where it lives and whether it was created now."""
+    answers = [http_json("POST", f"{url}/v1/sessions", {"session_id": sid}) for sid in ids]
+    return {a["session_id"]: (a["replica"]["name"], a["created"]) for a in answers}
+
+
+def chat_turn(url: str, ids: list[str]) -> None:
+    """One chat turn of each session through the router (refreshes its idle clock and the router's snapshot)."""
+    for sid in ids:
+        body = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": f"turn of {sid}"}], "max_tokens": 2}
+        assert http_json("POST", f"{url}/v1/chat/completions", body, session=sid, timeout=60)["choices"]

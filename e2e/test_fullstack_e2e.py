@@ -1,10 +1,19 @@
 """The whole product on one machine, as a user runs it, and the faults it must survive.
 
-One ``LocalStack`` for the module (real control plane, process kubelet, Prometheus, the
-chart installed with ``helm``; always stopped, and no process may be left afterwards), one
-simulated pool (``rolloutpool demo``'s) applied with ``kubectl``. The tests run in file
-order; each starts by waiting until the pool is quiet (ready, no sessions, nothing
-quarantined) and leaves it that way, except the last, which uninstalls everything.
+One ``LocalStack`` for the module (real control plane, process kubelet on a loopback /24 of
+its own, Prometheus, the chart installed with ``helm``; always stopped, and no process may be
+left afterwards), one simulated pool (``rolloutpool demo``'s) applied with ``kubectl``. The
+tests run in file order; each starts by waiting until the pool is quiet (ready, no sessions,
+nothing quarantined) and leaves it that way, except the last, which uninstalls everything:
+
+- the operator pod runs under its own ServiceAccount; ``kubectl wait`` sees the pool Ready;
+- rollouts through the router push replicas into KV pressure: ``ReplicasQuarantined``, then clear;
+- Prometheus stopped: ``MetricsAvailable=False`` (``PrometheusUnreachable``), floor caps, recovery;
+- an engine SIGKILLed mid-run: restarted, the router stops placing there, its rollouts go on elsewhere;
+- the router crashed (snapshot restored) and its pod deleted (table rebuilt): never double counted;
+- (xfail, a router bug) a client giving up in the admission queue leaves no session behind;
+- the operator's pod deleted: the new one adopts every child, creates nothing;
+- ``helm uninstall`` leaves only the CRD and the user's pool; deleting the CRD collects the rest.
 
 Recorded for the closing note: ``docs/img/fullstack-get-rp-w.txt`` (``kubectl get rp -w``
 through a quarantine and its release) and ``docs/img/fullstack-describe-rp.txt``.
@@ -12,7 +21,6 @@ through a quarantine and its release) and ``docs/img/fullstack-describe-rp.txt``
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import time
@@ -28,16 +36,22 @@ import yaml
 from fullstack_kit import (
     LoadRun,
     RpWatch,
+    acquire,
+    chat_turn,
     condition,
     diagnosis,
     engine_pods,
+    finished_sessions,
     http_json,
     isolated_stack,
+    jwt_subject,
     live_by_replica,
     pod_pids,
     pod_ready,
     poll_samples,
     processes_under,
+    replica_metric,
+    replica_of,
     restarts,
     router_metrics,
     router_pod,
@@ -117,12 +131,6 @@ def _floor(manifest: dict[str, Any]) -> int:
     return caps.floor
 
 
-def _jwt_subject(kubeconfig: Path) -> str:
-    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
-    payload = token.split(".")[1]
-    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"])
-
-
 def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes_ready(
     stack: LocalStack, manifest: dict[str, Any]
 ) -> None:
@@ -134,7 +142,7 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
     log = (directory / "logs" / "operator.log").read_text()
     assert f"Started operator kubeconfig={directory / 'kubeconfig'}" in log, log[:3000]
     assert "Activity 'login_via_client' succeeded" in log, log[:3000]
-    assert _jwt_subject(directory / "kubeconfig") == SA  # the pod's token is its ServiceAccount's
+    assert jwt_subject(directory / "kubeconfig") == SA  # the pod's token is its ServiceAccount's
     for verb, resource, allowed in [
         ("get", "secrets", "no"),
         ("list", "secrets", "no"),
@@ -261,39 +269,22 @@ def test_prometheus_down_gives_floor_caps_and_metrics_come_back(stack: LocalStac
     print(f"Prometheus started -> MetricsAvailable=True: {time.monotonic() - restarted:.1f}s")
 
 
-def _metric(samples: dict[Any, float], name: str, replica: str) -> float:
-    return sum(v for (n, labels), v in samples.items() if n == name and ("replica", replica) in labels)
-
-
-def _finished(samples: dict[Any, float]) -> float:
-    """Sessions the clients finished so far (``POST /finish_session``)."""
-    name = f"{ROUTER}releases_total"
-    return sum(v for (n, labels), v in samples.items() if n == name and ("how", "finish_session") in labels)
-
-
-def _replica_of(url: str, sid: str) -> str | None:
-    try:
-        return str(http_json("GET", f"{url}/v1/sessions/{sid}")["replica"]["name"])
-    except urllib.error.HTTPError:
-        return None
-
-
 def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
     stack: LocalStack, manifest: dict[str, Any]
 ) -> None:
     _quiet(stack)
     url = _router(stack)
     victim = f"{POOL}-engine-1"
-    ended = _finished(router_metrics(url))
+    ended = finished_sessions(router_metrics(url))
     load = LoadRun(url, in_flight=24, seconds=60, time_scale=TIME_SCALE, prefix="crash")
     try:
 
         def mid_run() -> bool:  # rollouts have ended and others are under way on the victim
             samples = router_metrics(url)
-            return _finished(samples) >= ended + 10 and live_by_replica(samples).get(victim, 0) > 0
+            return finished_sessions(samples) >= ended + 10 and live_by_replica(samples).get(victim, 0) > 0
 
         wait_until("rollouts under way on the victim", mid_run, timeout=90)
-        on_victim = [i for i in range(200) if _replica_of(url, f"crash-{i}") == victim]
+        on_victim = [i for i in range(200) if replica_of(url, f"crash-{i}") == victim]
         before = engine_pods(stack, POOL)[victim]
         restarted = restarts(before)
         killed = sigkill_pod(stack, before)
@@ -301,12 +292,12 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
 
         def out_of_service() -> bool:
             samples = router_metrics(url)
-            ready = _metric(samples, "rolloutpool_router_replica_ready", victim)
-            return ready == 0 and _metric(samples, "rolloutpool_router_live_sessions", victim) == 0
+            ready = replica_metric(samples, "rolloutpool_router_replica_ready", victim)
+            return ready == 0 and replica_metric(samples, "rolloutpool_router_live_sessions", victim) == 0
 
         wait_until("the router takes the dead replica out", out_of_service, timeout=30, interval=0.3)
         print(f"engine killed -> router stopped placing there: {time.monotonic() - killed_at:.1f}s")
-        placed = _metric(router_metrics(url), "rolloutpool_router_placements_total", victim)
+        placed = replica_metric(router_metrics(url), "rolloutpool_router_placements_total", victim)
 
         def back() -> dict[str, Any] | None:
             pod = engine_pods(stack, POOL).get(victim)
@@ -318,15 +309,15 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
         samples = poll_samples(lambda: router_metrics(url), until=lambda: back() is not None, timeout=120, interval=0.5)
         print(f"engine killed -> pod Ready again: {time.monotonic() - killed_at:.1f}s")
         for sample in samples:
-            if _metric(sample, "rolloutpool_router_replica_ready", victim) == 0:
-                assert _metric(sample, "rolloutpool_router_live_sessions", victim) == 0
-                assert _metric(sample, "rolloutpool_router_placements_total", victim) == placed
+            if replica_metric(sample, "rolloutpool_router_replica_ready", victim) == 0:
+                assert replica_metric(sample, "rolloutpool_router_live_sessions", victim) == 0
+                assert replica_metric(sample, "rolloutpool_router_placements_total", victim) == placed
         revived = back()
         assert revived is not None
         assert set(pod_pids(stack, revived)).isdisjoint(killed)
         wait_until(
             "the router places on the revived replica",
-            lambda: _metric(router_metrics(url), "rolloutpool_router_placements_total", victim) > placed,
+            lambda: replica_metric(router_metrics(url), "rolloutpool_router_placements_total", victim) > placed,
             timeout=60,
         )
         result = load.join(timeout=150)
@@ -351,19 +342,6 @@ def _status_live(stack: LocalStack) -> int:
     return int((stack.pool(POOL).get("status") or {}).get("liveSessions") or 0)
 
 
-def _acquire(url: str, ids: list[str]) -> dict[str, tuple[str, bool]]:
-    """``POST /v1/sessions`` for each id: where it lives and whether it was created now."""
-    answers = [http_json("POST", f"{url}/v1/sessions", {"session_id": sid}) for sid in ids]
-    return {a["session_id"]: (a["replica"]["name"], a["created"]) for a in answers}
-
-
-def _turn(url: str, ids: list[str]) -> None:
-    """One chat turn of each session through the router (refreshes its idle clock and the router's snapshot)."""
-    for sid in ids:
-        body = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": f"turn of {sid}"}], "max_tokens": 2}
-        assert http_json("POST", f"{url}/v1/chat/completions", body, session=sid, timeout=60)["choices"]
-
-
 def _settle_on(stack: LocalStack, url: str, expected: dict[str, int], what: str) -> list[int]:
     """Wait until the router and the pool's status both count ``expected``; every status count seen."""
     total = sum(expected.values())
@@ -382,7 +360,7 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     _quiet(stack)
     url = _router(stack)
     ids = [f"held-{i}" for i in range(6)]
-    placed = _acquire(url, ids)
+    placed = acquire(url, ids)
     assert all(created for _, created in placed.values())
     expected: dict[str, int] = {}
     for replica, _ in placed.values():
@@ -391,8 +369,8 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
 
     # the router's container crashes: the kubelet restarts it and it restores its snapshot (emptyDir)
     (pod,) = router_pod(stack, POOL)
-    _turn(url, ids)
-    assert not any(created for _, created in _acquire(url, ids).values())
+    chat_turn(url, ids)
+    assert not any(created for _, created in acquire(url, ids).values())
     sigkill_pod(stack, pod)
     restarted = wait_until(
         "the router container restarted and ready",
@@ -410,8 +388,8 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     url = _router(stack)
     seen = _settle_on(stack, url, expected, "the restored sessions counted once")
     assert max(seen) <= 6, seen
-    assert _acquire(url, ids) == {sid: (replica, False) for sid, (replica, _) in placed.items()}
-    _turn(url, ids)
+    assert acquire(url, ids) == {sid: (replica, False) for sid, (replica, _) in placed.items()}
+    chat_turn(url, ids)
 
     # the router pod is deleted: the Deployment's new pod starts empty; sessions come back on their next turn
     stack.cluster.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
@@ -423,7 +401,7 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
         return stack.router_url(POOL) if fresh and all(pod_ready(p) for p in fresh) else None
 
     url = wait_until("a new router pod", new_router, timeout=120)
-    again = _acquire(url, ids)
+    again = acquire(url, ids)
     assert all(created for _, created in again.values())  # a fresh table: nothing left over to add to
     moved: dict[str, int] = {}
     for replica, _ in again.values():
@@ -450,7 +428,7 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
     caps = {dict(k)["replica"]: int(v) for (n, k), v in router_metrics(url).items() if n == f"{ROUTER}session_cap"}
     held = [f"full-{i}" for i in range(sum(caps.values()))]
     try:
-        assert all(created for _, created in _acquire(url, held).values())  # every slot taken
+        assert all(created for _, created in acquire(url, held).values())  # every slot taken
         with contextlib.suppress(TimeoutError, urllib.error.URLError):
             http_json("POST", f"{url}/v1/sessions", {"session_id": "gave-up"}, timeout=2.0)
             pytest.fail("the router placed a session over every cap")
