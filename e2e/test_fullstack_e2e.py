@@ -184,6 +184,16 @@ def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
             )
             at_quarantine = stack.pool(POOL)
             describe_quarantined = _kubectl(stack, "describe", "rp", POOL)
+            # keep the load a little longer: the law may lift the quarantine under load (only its cutting
+            # step quarantines) or hold it until the pressure is gone
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    "the quarantine lifted under load",
+                    lambda: _kubectl(stack, "get", "rp", POOL, "-o", f"jsonpath={quarantined}") == "False",
+                    timeout=20,
+                    interval=1.0,
+                )
+                print("the quarantine was lifted while the load still ran")
         finally:
             load.stop()
         stopped = time.monotonic()
