@@ -25,7 +25,7 @@ ROUTER_DEFAULTS: dict[str, Any] = {"scrape_interval_s": 0.2, "scrape_timeout_s":
 @contextlib.asynccontextmanager
 async def serve(app: web.Application) -> AsyncIterator[tuple[str, web.AppRunner]]:
     """Serve ``app`` on a free loopback port; yields its base URL and runner."""
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)  # as run_router
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -6,6 +6,9 @@ import asyncio
 import random
 import time
 
+import aiohttp
+import pytest
+
 from routerkit import engines, eventually, no_leaked_tasks, router
 
 
@@ -28,6 +31,38 @@ async def test_queue_full_is_429_and_a_release_admits_the_waiting_session() -> N
         assert rt.manager.queue_depth == 0
         assert await rt.metric("rolloutpool_router_admission_rejections_total", reason="queue_full") == 1
         assert await rt.metric("rolloutpool_router_queue_wait_seconds_count", outcome="admitted") == 1
+    await no_leaked_tasks()
+
+
+async def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind() -> None:
+    async with engines(1) as urls, router(urls, cap=1, queue_timeout_s=30.0) as rt:
+        assert (await rt.post("/v1/sessions", {"session_id": "a"}))[0] == 201
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
+            with pytest.raises(TimeoutError):
+                await impatient.post(f"{rt.url}/v1/sessions", json={"session_id": "gave-up"})
+        await eventually(lambda: rt.manager.queue_depth == 0)  # the disconnect cancelled its wait
+        assert (await rt.request("DELETE", "/v1/sessions/a"))[0] == 200
+        await asyncio.sleep(0.2)  # a wrongly kept waiter would be admitted by now
+        assert rt.live() == {"e0": 0}
+        assert rt.manager.table.lookup("gave-up") is None
+    await no_leaked_tasks()
+
+
+async def test_releasing_a_queued_session_takes_it_out_of_the_queue() -> None:
+    async with engines(1) as urls, router(urls, cap=1, queue_timeout_s=30.0) as rt:
+        assert (await rt.post("/v1/sessions", {"session_id": "a"}))[0] == 201
+        waiting = asyncio.create_task(rt.post("/v1/sessions", {"session_id": "b"}))
+        await eventually(lambda: rt.manager.queue_depth == 1)
+        status, body, _ = await rt.post("/finish_session?session_id=b")
+        assert status == 404  # never live: nothing to release
+        status, body, _ = await waiting
+        assert status == 503
+        assert "released while queued" in body["error"]["message"]
+        assert rt.manager.queue_depth == 0
+        assert (await rt.request("DELETE", "/v1/sessions/a"))[0] == 200
+        assert rt.live() == {"e0": 0}
+        reason = "released_while_queued"
+        assert await rt.metric("rolloutpool_router_admission_rejections_total", reason=reason) == 1
     await no_leaked_tasks()
 
 

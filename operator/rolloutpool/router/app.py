@@ -261,4 +261,7 @@ def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limi
         shutdown_timeout=config.shutdown_timeout_s,
         access_log=None,
         print=None,
+        # a client that disconnects cancels its handler, so a new session waiting in the
+        # admission queue leaves it instead of being placed later for nobody
+        handler_cancellation=True,
     )

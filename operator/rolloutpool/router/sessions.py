@@ -32,6 +32,7 @@ __all__ = [
     "AdmissionError",
     "QueueFullError",
     "QueueTimeoutError",
+    "ReleasedWhileQueuedError",
     "ReplicaRuntime",
     "SessionManager",
     "ShuttingDownError",
@@ -55,6 +56,10 @@ class QueueTimeoutError(AdmissionError):
 
 class ShuttingDownError(AdmissionError):
     """The router is stopping (answered 503)."""
+
+
+class ReleasedWhileQueuedError(AdmissionError):
+    """The session was released while it waited in the queue (answered 503; it holds no slot)."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +242,18 @@ class SessionManager:
         self.metrics.queue_wait.labels("admitted").observe(self.clock() - waiter.enqueued)
         return session
 
+    def withdraw(self, session_id: str) -> bool:
+        """Take a session's waiters out of the admission queue; whether there were any."""
+        found = [w for w in self._queue if w.placement.session_id == session_id and not w.future.done()]
+        for waiter in found:
+            self._queue.remove(waiter)
+            waiter.future.set_exception(ReleasedWhileQueuedError(f"session {session_id!r} was released while queued"))
+            waiter.future.exception()  # retrieved: no "never retrieved" warning if the handler is gone
+        if found:
+            self.metrics.rejections.labels("released_while_queued").inc()
+            self.admit_waiting()
+        return bool(found)
+
     def _forget(self, waiter: _Waiter) -> None:
         with contextlib.suppress(ValueError):
             self._queue.remove(waiter)
@@ -269,9 +286,14 @@ class SessionManager:
     # -- release -----------------------------------------------------------------------
 
     def release(self, session_id: str, *, how: str) -> Session | None:
-        """Release a session; None when unknown (counts unchanged). Admits waiting sessions."""
+        """Release a session; None when unknown (counts unchanged). Admits waiting sessions.
+
+        A session still waiting in the admission queue leaves it (its request is answered
+        with :class:`ReleasedWhileQueuedError`), so it can never be placed after its release.
+        """
         session = self.table.release(session_id)
         if session is None:
+            self.withdraw(session_id)
             return None
         self.metrics.releases.labels(how).inc()
         self._inflight.pop(session_id, None)
