@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ class LocalStack:
         release: str = "rolloutpool",
         namespace: str = "rolloutpool-system",
         scrape_interval_seconds: float = 2.0,
+        pod_subnet: str | None = None,
         helm_timeout: str = "180s",
     ) -> None:
         self.directory = directory
@@ -70,7 +72,10 @@ class LocalStack:
         self.namespace = namespace
         self.scrape_interval_seconds = scrape_interval_seconds
         self.helm_timeout = helm_timeout
-        self.cluster = LocalCluster(directory / "cluster", log=log, kubelet=True)
+        # every pod of ours binds fixed ports on its own 127.x.y.z: a random /24 per stack lets two
+        # stacks (a test run and the demo, say) share the machine
+        subnet = pod_subnet or f"127.{secrets.randbelow(150) + 100}.{secrets.randbelow(256)}.0/24"
+        self.cluster = LocalCluster(directory / "cluster", log=log, kubelet=True, pod_subnet=subnet)
         self.prometheus: PrometheusServer | None = None
         self._stack = contextlib.ExitStack()
 

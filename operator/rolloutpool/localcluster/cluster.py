@@ -95,9 +95,11 @@ class LocalCluster:
         log: Log = print,
         ready_timeout: float = 120.0,
         kubelet: bool = False,
+        pod_subnet: str | None = None,
     ) -> None:
         self.directory = directory
         self.with_kubelet = kubelet  # run `rolloutpool localcluster kubelet` (the process kubelet) as a child
+        self.pod_subnet = pod_subnet  # the kubelet's loopback /24 for pod IPs (default 127.0.0.0/24)
         self.detach = detach
         self.log = log
         self.ready_timeout = ready_timeout
@@ -292,7 +294,8 @@ class LocalCluster:
         from rolloutpool.localcluster.kubelet import default_executables  # noqa: PLC0415 - only with kubelet=True
 
         command = default_executables().get("rolloutpool", "rolloutpool")
-        self._spawn("kubelet", [command, "localcluster", "kubelet", f"--dir={self.directory}"])
+        subnet = [f"--pod-subnet={self.pod_subnet}"] if self.pod_subnet else []
+        self._spawn("kubelet", [command, "localcluster", "kubelet", f"--dir={self.directory}", *subnet])
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             self._check_alive()
