@@ -14,7 +14,6 @@ import base64
 import contextlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import threading
@@ -29,7 +28,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.sim.workload import Lognormal, scenario
 from rolloutpool.stack import LocalStack, wait_until
 
@@ -63,30 +61,9 @@ __all__ = [
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-class _SubnetCluster(LocalCluster):
-    """A ``LocalCluster`` whose process kubelet hands out pod addresses from its own loopback /24.
-
-    Every pod of ours binds fixed ports (8000, 8080, 8081) on its pod IP, so two stacks on one
-    machine (another session's e2e run, the demo) must not share the kubelet's default
-    127.0.0.0/24.
-    """
-
-    def __init__(self, directory: Path, *, pod_subnet: str) -> None:
-        super().__init__(directory, log=lambda _msg: None, kubelet=True)
-        self.pod_subnet = pod_subnet
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        if name == "kubelet":
-            argv = [*argv, f"--pod-subnet={self.pod_subnet}"]
-        super()._spawn(name, argv)
-
-
 def isolated_stack(directory: Path) -> LocalStack:
     """A ``LocalStack`` (not started) whose pods live on a random 127.a.b.0/24 of their own."""
-    stack = LocalStack(directory, log=lambda _msg: None)
-    subnet = f"127.{100 + secrets.randbelow(150)}.{secrets.randbelow(256)}.0/24"
-    stack.cluster = _SubnetCluster(directory / "cluster", pod_subnet=subnet)
-    return stack
+    return LocalStack(directory, log=lambda _msg: None)
 
 
 def diagnosis(stack: LocalStack, *, chars: int = 600) -> str:
@@ -188,8 +165,12 @@ def http_json(
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} | ({"X-Session-ID": session} if session else {})
     request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - our http URL
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own http URL
-        return json.loads(response.read() or b"null")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own http URL
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        err.close()  # its response holds the socket: close it now, not when the GC finds it (ResourceWarning)
+        raise
 
 
 def router_metrics(url: str, *, timeout: float = 5.0) -> Sample:

@@ -11,9 +11,10 @@ nothing quarantined) and leaves it that way, except the last, which uninstalls e
 - Prometheus stopped: ``MetricsAvailable=False`` (``PrometheusUnreachable``), floor caps, recovery;
 - an engine SIGKILLed mid-run: restarted, the router stops placing there, its rollouts go on elsewhere;
 - the router crashed (snapshot restored) and its pod deleted (table rebuilt): never double counted;
-- (xfail, a router bug) a client giving up in the admission queue leaves no session behind;
+- a client giving up in the admission queue leaves no session behind;
 - the operator's pod deleted: the new one adopts every child, creates nothing;
-- ``helm uninstall`` leaves only the CRD and the user's pool; deleting the CRD collects the rest.
+- ``helm uninstall`` leaves only the CRD and the user's pool; deleting the pool collects its children,
+  deleting the CRD removes the pools left.
 
 Recorded for the closing note: ``docs/img/fullstack-get-rp-w.txt`` (``kubectl get rp -w``
 through a quarantine and its release) and ``docs/img/fullstack-describe-rp.txt``.
@@ -22,9 +23,11 @@ through a quarantine and its release) and ``docs/img/fullstack-describe-rp.txt``
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -424,24 +427,29 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     _quiet(stack)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="router bug: a client that gives up while its new session waits in the admission queue is not "
-    "noticed (aiohttp does not cancel handlers on disconnect: web.run_app without handler_cancellation=True in "
-    "router/app.py run_router); the waiter stays queued and is admitted later, holding a slot until idle expiry",
-)
 def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
     stack: LocalStack, manifest: dict[str, Any]
 ) -> None:
     _quiet(stack)
     url = _router(stack)
-    caps = {dict(k)["replica"]: int(v) for (n, k), v in router_metrics(url).items() if n == f"{ROUTER}session_cap"}
+    # hold the caps still: with autoscaling on, the law raises a cap while a session queues
+    _autoscaling(stack, enabled=False)
+    wait_until(
+        "the spec's caps in force",
+        lambda: condition(stack.pool(POOL), "MetricsAvailable").get("reason") == "AutoscalingDisabled",
+        timeout=60,
+    )
+    status_caps = {r["name"]: r["cap"] for r in stack.pool(POOL)["status"]["replicaStatus"]}
+
+    def router_caps() -> dict[str, int]:
+        metrics = router_metrics(url)
+        return {dict(k)["replica"]: int(v) for (n, k), v in metrics.items() if n == f"{ROUTER}session_cap"}
+
+    caps = wait_until("the router applying them", lambda: (c := router_caps()) == status_caps and c, timeout=60)
     held = [f"full-{i}" for i in range(sum(caps.values()))]
     try:
         assert all(created for _, created in acquire(url, held).values())  # every slot taken
-        with contextlib.suppress(TimeoutError, urllib.error.URLError):
-            http_json("POST", f"{url}/v1/sessions", {"session_id": "gave-up"}, timeout=2.0)
-            pytest.fail("the router placed a session over every cap")
+        _give_up_waiting(url, "gave-up", after=2.0)
         # the client is gone; the router should forget its place in the queue
         http_json("DELETE", f"{url}/v1/sessions/{held.pop()}")  # a slot frees
         gone = wait_until(
@@ -457,6 +465,26 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
         for sid in [*held, "gave-up"]:
             with contextlib.suppress(urllib.error.HTTPError):
                 http_json("DELETE", f"{url}/v1/sessions/{sid}")
+        _autoscaling(stack, enabled=True)
+
+
+def _give_up_waiting(url: str, session_id: str, *, after: float) -> None:
+    """Ask for a new session, then hang up after ``after`` seconds without an answer (socket closed)."""
+    host, port = urllib.parse.urlsplit(url).netloc.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=after)
+    try:
+        body = json.dumps({"session_id": session_id})
+        conn.request("POST", "/v1/sessions", body=body, headers={"Content-Type": "application/json"})
+        with contextlib.suppress(TimeoutError):
+            conn.getresponse().read()
+            pytest.fail("the router placed a session over every cap")
+    finally:
+        conn.close()
+
+
+def _autoscaling(stack: LocalStack, *, enabled: bool) -> None:
+    patch = json.dumps({"spec": {"autoscaling": {"enabled": enabled}}})
+    stack.cluster.kubectl("patch", "rolloutpool", POOL, "--type=merge", "-p", patch)
 
 
 def _children(stack: LocalStack) -> dict[str, str]:
@@ -524,8 +552,14 @@ def test_uninstall_leaves_only_the_crd_and_deleting_it_removes_the_pools(
     assert children, "the pool's children went with the release"
     pods = [*engine_pods(stack, POOL).values(), *router_pod(stack, POOL)]
 
+    # deleting a pool collects its children (owner references, the controller-manager's GC)
+    stack.cluster.kubectl("delete", "rolloutpool", POOL, "--timeout=90s")
+    wait_until("the pool's children collected", lambda: not _children(stack), timeout=180, interval=1.0)
+    # deleting the CRD removes the pools left (no operator runs now, so this one has no children;
+    # Kubernetes' GC cannot resolve owners of a kind that is gone, so delete pools before the CRD)
+    leftover = {**manifest, "metadata": {"name": "leftover"}}
+    stack.apply(yaml.safe_dump(leftover))
     stack.cluster.kubectl("delete", "crd", "rolloutpools.rolloutpool.io", "--timeout=90s")
     deleted = stack.cluster.kubectl("get", "rolloutpools", "-A", check=False)
-    assert deleted.returncode != 0, deleted.stdout  # the resource itself is gone
-    wait_until("the pool's children collected", lambda: not _children(stack), timeout=120, interval=1.0)
+    assert deleted.returncode != 0, deleted.stdout  # the resource itself is gone, with its objects
     wait_until("their processes stopped", lambda: not any(pod_pids(stack, p) for p in pods), timeout=60)
