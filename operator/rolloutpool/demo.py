@@ -73,6 +73,9 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.
                 "prometheusUrl": prometheus_url,
                 "intervalSeconds": 5,
                 "cooldownSeconds": 10,
+                # big raises overshoot into eviction within the demo's minute and a half, so the
+                # quarantine (which the law keeps for severe pressure) shows reliably
+                "increaseStep": 8,
             },
             "updateStrategy": {"drainTimeoutSeconds": 60},
         },
