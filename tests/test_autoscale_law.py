@@ -12,6 +12,8 @@ from rolloutpool.autoscale import (
     ReplicaSignals,
     classify_health,
     decide_replica,
+    decide_unobserved,
+    initial_cap,
     pressure_reason,
 )
 
@@ -147,6 +149,28 @@ def test_by_default_only_the_cutting_step_quarantines() -> None:
     assert (cut.cap, cut.quarantined) == (21, True)
     held = decide_replica(previous=cut, signals=replace(storm, live_sessions=25), params=params, now=115)
     assert (held.cap, held.quarantined, held.reason) == (21, False, "LivePrefixEviction")
+
+
+def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> None:
+    params = LawParams(floor=10, ceiling=40, initial=20)
+    assert initial_cap(params) == 20
+    assert initial_cap(replace(params, initial=None)) == 10
+    assert initial_cap(replace(params, initial=99)) == 40
+    assert initial_cap(replace(params, initial=3)) == 10
+    calm = replace(CALM, live_sessions=20)
+    first = decide_replica(previous=None, signals=calm, params=params, now=0)
+    assert (first.cap, first.reason) == (23, "Raised")  # slow start from 20: x1.15
+    blind = decide_replica(previous=None, signals=None, params=params, now=0)
+    assert (blind.cap, blind.reason) == (10, "NoMetrics")  # Prometheus down: the floor, as ever
+
+
+def test_a_replica_without_metrics_of_its_own_starts_at_or_drops_to_the_initial_cap() -> None:
+    params = LawParams(floor=10, ceiling=40, initial=20)
+    assert decide_unobserved(previous=None, params=params, now=5) == ReplicaControl(cap=20)
+    low = at(14, reason="LivePrefixEviction")
+    assert decide_unobserved(previous=low, params=params, now=5) == low  # under the start: kept as it is
+    high = decide_unobserved(previous=replace(at(30), quarantined=True, limit=31), params=params, now=5)
+    assert (high.cap, high.quarantined, high.reason, high.changed_at, high.limit) == (20, False, "NoMetrics", 5, 31)
 
 
 def test_missing_metrics_fall_back_to_the_floor_unquarantined() -> None:

@@ -68,7 +68,7 @@ async def _step(reader: Reader, memory: PoolMemory, *, spec: RolloutPoolSpec, cl
     return await control_step(lambda _url: reader, memory, namespace="ns", pool="p", spec=spec, clock=clock, **kwargs)
 
 
-async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_the_floor() -> None:
+async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_the_initial_cap() -> None:
     reader, memory, spec = Reader({n: _fresh() for n in NAMES}), PoolMemory(), _spec()
     floor = replica_caps(spec=spec)
     assert floor is not None
@@ -98,7 +98,8 @@ async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_th
     assert later.next_in == pytest.approx(5.0)
     assert len(reader.reads) == 1
     assert later.controls["p-engine-0"] == controls_from_status(previous)["p-engine-0"]
-    assert later.controls["p-engine-2"].cap == floor.floor
+    assert later.controls["p-engine-2"].cap == floor.initial  # the spec's residency cap, where the law starts
+    assert floor.initial > floor.floor
 
     again = await _step(reader, memory, spec=spec, clock=115.0, previous=previous)
     assert again.stepped

@@ -66,7 +66,9 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.
                 "kvCapacityTokens": 32768,
                 "simulator": {"hardware": "h100-80gb", "timeScale": time_scale},
             },
-            "concurrency": {"expectedResidency": 0.25, "headroom": 0.1},
+            # the law starts from the cap expectedResidency gives; 1.0 starts it at the conservative floor (4),
+            # so the demo shows the climb, the overshoot and the quarantine
+            "concurrency": {"expectedResidency": 1.0, "headroom": 0.1},
             "router": {"replicas": 1, "idleTimeoutSeconds": 30, "queueTimeoutSeconds": 30},
             "autoscaling": {
                 "enabled": True,

@@ -8,6 +8,8 @@ from rolloutpool.autoscale.law import (
     ReplicaSignals,
     classify_health,
     decide_replica,
+    decide_unobserved,
+    initial_cap,
     pressure_reason,
 )
 
@@ -19,5 +21,7 @@ __all__ = [
     "ReplicaSignals",
     "classify_health",
     "decide_replica",
+    "decide_unobserved",
+    "initial_cap",
     "pressure_reason",
 ]

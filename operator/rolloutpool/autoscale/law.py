@@ -19,6 +19,8 @@ __all__ = [
     "ReplicaSignals",
     "classify_health",
     "decide_replica",
+    "decide_unobserved",
+    "initial_cap",
     "pressure_reason",
 ]
 
@@ -76,6 +78,10 @@ class LawParams:
     """Conservative cap: ``kv_capacity // max_model_len`` (never evicts); the cap never goes below it."""
     ceiling: int
     """``maxSessionsPerReplica`` (or a large default); the cap never goes above it."""
+    initial: int | None = None
+    """Where the law starts (clamped to floor..ceiling): the spec's cap from ``expectedResidency`` and ``headroom``
+    (the cap the pool would have without autoscaling); None: the floor. A guess, not knowledge: the law moves
+    from it on measurements alone, and falls back to the floor whenever it is blind."""
     target_kv_usage: float = 0.85
     cooldown_seconds: float = 60.0
     decrease_factor: float = 0.7
@@ -146,6 +152,29 @@ def _clamp(cap: int, params: LawParams) -> int:
     return max(params.floor, min(params.ceiling, cap))
 
 
+def initial_cap(params: LawParams) -> int:
+    """The cap a replica starts from before the law has decided anything (pure)."""
+    return _clamp(params.initial if params.initial is not None else params.floor, params)
+
+
+def decide_unobserved(*, previous: ReplicaControl | None, params: LawParams, now: float) -> ReplicaControl:
+    """A replica with no metrics of its own while Prometheus answers for the others (a new pod) (pure).
+
+    It starts at :func:`initial_cap`; one the law already moved keeps its cap up to that start and
+    drops to it from above, unquarantined. (Prometheus itself down or stale is blindness: then
+    :func:`decide_replica` without signals falls back to the floor.)
+    """
+    start = initial_cap(params)
+    if previous is None:
+        return ReplicaControl(cap=start)
+    if previous.cap <= start and not previous.quarantined:
+        return previous
+    return ReplicaControl(
+        cap=min(previous.cap, start), changed_at=now, quarantined=False, reason="NoMetrics",
+        limit=previous.limit, limit_at=previous.limit_at,
+    )  # fmt: skip
+
+
 def _cut(
     *, previous: ReplicaControl, current: int, signals: ReplicaSignals, reason: str, params: LawParams, now: float
 ) -> ReplicaControl:
@@ -198,8 +227,8 @@ def decide_replica(
 ) -> ReplicaControl:
     """Next cap and quarantine of one replica (pure).
 
-    Starts at the floor. Under pressure it cuts the cap: one step back at the edge of the cliff
-    (the cap becomes the learned ``limit``), multiplicatively under severe pressure (then the
+    Starts at ``params.initial`` (else the floor). Under pressure it cuts the cap: one step back
+    at the edge of the cliff (the cap becomes the learned ``limit``), multiplicatively under severe pressure (then the
     limit is one step over the cut, and the way back is by probes). The cutting step
     quarantines (by default only under severe pressure, see ``quarantine_on``). Without
     pressure, with KV usage under the target band and the cap binding (live sessions at it and
@@ -213,7 +242,7 @@ def decide_replica(
     to the floor, unquarantined.
     """
     if previous is None:
-        previous = ReplicaControl(cap=params.floor)
+        previous = ReplicaControl(cap=initial_cap(params))
     current = _clamp(previous.cap, params)
     if signals is None:
         if current == params.floor and not previous.quarantined:

@@ -3,7 +3,8 @@
 Caps and cooldowns come back from the previous status (``controls_from_status``), so an
 operator restart neither resets a cap nor skips a cooldown. Between two steps of the loop
 (``autoscaling.intervalSeconds``) a pass keeps every replica's cap as the status has it;
-a replica that appears meanwhile starts at its floor.
+a replica that appears meanwhile starts at the law's initial cap (its floor while Prometheus is
+down).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ async def control_step(
     assert memory.health is not None  # noqa: S101 - not due means a step ran before
     kept = {name: before[name] for name in replicas if name in before}
     fresh = [name for name in replicas if name not in before]
-    if fresh:  # new replicas start at their floor until the next step
+    if fresh:  # new replicas start at the law's initial cap (blind: the floor) until the next step
         kept |= plan_controls(
             spec=spec, replicas=fresh, signals={}, previous={}, kv_capacity_tokens={}, health=memory.health, now=now
         )

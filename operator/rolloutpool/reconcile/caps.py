@@ -18,7 +18,14 @@ from pydantic import ValidationError
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import RolloutPoolStatus
-from rolloutpool.autoscale.law import LawParams, MetricsHealth, ReplicaControl, ReplicaSignals, decide_replica
+from rolloutpool.autoscale.law import (
+    LawParams,
+    MetricsHealth,
+    ReplicaControl,
+    ReplicaSignals,
+    decide_replica,
+    decide_unobserved,
+)
 from rolloutpool.capacity import (
     MODEL_PRESETS,
     SessionCaps,
@@ -147,6 +154,7 @@ def law_params(*, spec: RolloutPoolSpec, kv_capacity_tokens: int) -> LawParams:
     return LawParams(
         floor=caps.floor,
         ceiling=caps.ceiling if caps.ceiling is not None else max(DEFAULT_CEILING, caps.floor),
+        initial=caps.initial,
         target_kv_usage=autoscaling.target_kv_usage,
         cooldown_seconds=float(autoscaling.cooldown_seconds),
         decrease_factor=autoscaling.decrease_factor,
@@ -195,8 +203,9 @@ def plan_controls(
 
     - Autoscaling disabled: the spec's cap (residency and headroom), never quarantined.
     - Prometheus unreachable or stale: every replica falls back to its conservative floor.
-    - Otherwise the law decides each replica from its own signals (a replica without
-      signals falls back to its floor).
+    - Otherwise the law decides each replica from its own signals; a replica without
+      signals of its own (a new pod not scraped yet) starts at, or drops to, the law's
+      initial cap (the spec's ``expectedResidency`` cap).
 
     A replica's capacity is the one its engine reported (signals), else ``kv_capacity_tokens``
     (e.g. from the previous status), else the spec's estimate; a replica whose capacity stays
@@ -219,5 +228,8 @@ def plan_controls(
             controls[name] = ReplicaControl(cap=caps.initial, changed_at=changed_at, quarantined=False, reason=None)
             continue
         params = law_params(spec=spec, kv_capacity_tokens=capacity)
-        controls[name] = decide_replica(previous=previous.get(name), signals=observed, params=params, now=now)
+        if observed is None and not blind:
+            controls[name] = decide_unobserved(previous=previous.get(name), params=params, now=now)
+        else:
+            controls[name] = decide_replica(previous=previous.get(name), signals=observed, params=params, now=now)
     return controls

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica
-from rolloutpool.capacity import conservative_cap
+from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica, initial_cap
+from rolloutpool.capacity import conservative_cap, oversubscribed_cap
 from rolloutpool.engine.core import Engine
 from rolloutpool.sim.config import FleetConfig
 
@@ -50,7 +50,7 @@ class AdaptiveCaps:
     def __init__(self, *, names: list[str], params: LawParams, capacity_tokens: int) -> None:
         self.params = params
         self.capacity_tokens = capacity_tokens
-        self.controls = {n: ReplicaControl(cap=params.floor) for n in names}
+        self.controls = {n: ReplicaControl(cap=initial_cap(params)) for n in names}
         self._scrapes: dict[str, deque[_Scrape]] = {n: deque() for n in names}
         self.points: list[ControlPoint] = []
         self.cuts = 0
@@ -60,9 +60,22 @@ class AdaptiveCaps:
 
     @classmethod
     def for_fleet(cls, config: FleetConfig, names: list[str], capacity_tokens: int) -> AdaptiveCaps:
-        """The law of a simulated fleet: ``config.law``, else defaults with the conservative floor."""
-        floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=config.scenario.max_model_len)
-        params = config.law or LawParams(floor=floor, ceiling=max(floor, config.max_num_seqs))
+        """The law of a simulated fleet: ``config.law``, else the operator's defaults for this fleet.
+
+        Those are: floor = KV capacity // maxModelLen, ceiling = ``max_num_seqs``, start at the cap the
+        spec's ``expectedResidency`` and ``headroom`` give (the operator's ``law_params``); nothing else.
+        """
+        max_len = config.scenario.max_model_len
+        floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=max_len)
+        ceiling = max(floor, config.max_num_seqs)
+        initial = oversubscribed_cap(
+            capacity_tokens=capacity_tokens,
+            max_model_len=max_len,
+            expected_residency=config.expected_residency,
+            headroom=config.headroom,
+            ceiling=ceiling,
+        )
+        params = config.law or LawParams(floor=floor, ceiling=ceiling, initial=initial)
         return cls(names=names, params=params, capacity_tokens=capacity_tokens)
 
     def _signals(
