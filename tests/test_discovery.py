@@ -59,6 +59,13 @@ def test_operator_limits_from_status_and_combined_caps() -> None:
     assert combined_cap(5, None) == 5
     assert combined_cap(None, 3) == 3
     assert combined_cap(5, 3) == 3
+    # a derived cap (expectedResidency) is the router's guess: the operator's law may go above it,
+    # up to the ceiling (maxSessionsPerReplica)
+    assert combined_cap(20, 26, own_fixed=False) == 26
+    assert combined_cap(20, 14, own_fixed=False) == 14
+    assert combined_cap(20, 40, own_fixed=False, ceiling=32) == 32
+    assert combined_cap(0, 12, own_fixed=False) == 12  # capacity not reported yet: the operator's cap applies
+    assert combined_cap(20, None, own_fixed=False) == 20
 
 
 def test_ipv6_pod_ip_is_bracketed() -> None:

@@ -427,8 +427,11 @@ class SessionManager:
     def _apply_cap(self, name: str) -> None:
         runtime = self.runtime[name]
         replica = self.table.replicas[name]
-        own = resolve_cap(self.config, runtime.spec, capacity_tokens=runtime.capacity_tokens)
-        cap = combined_cap(own, runtime.operator.cap if runtime.operator else None)
+        config = self.config
+        own = resolve_cap(config, runtime.spec, capacity_tokens=runtime.capacity_tokens)
+        fixed = runtime.spec.cap is not None or config.cap is not None or config.max_model_len is None
+        operator = runtime.operator.cap if runtime.operator else None
+        cap = combined_cap(own, operator, own_fixed=fixed, ceiling=config.cap_ceiling)
         if cap != replica.cap:
             _log.info("Set session cap replica=%s cap=%s capacity_tokens=%s", name, cap, runtime.capacity_tokens)
             replica.cap = cap

@@ -84,10 +84,18 @@ def operator_limits(pool: dict[str, Any]) -> dict[str, OperatorLimit]:
     return {r.name: OperatorLimit(r.cap, r.quarantined, r.reason) for r in status.replica_status}
 
 
-def combined_cap(own: int | None, operator: int | None) -> int | None:
-    """The tighter of two caps; None means no limit (pure)."""
-    if own is None:
-        return operator
+def combined_cap(
+    own: int | None, operator: int | None, *, own_fixed: bool = True, ceiling: int | None = None
+) -> int | None:
+    """The cap a replica gets from the router's own and the operator's; None means no limit (pure).
+
+    A cap fixed on the router (``own_fixed``: ``--cap`` or a replica's own cap) is a hard limit: the
+    tighter of the two wins. A cap the router only derived from ``expectedResidency`` is its guess
+    until the operator decides: the operator's cap replaces it (its control law may find a higher
+    one), limited by ``ceiling`` (``maxSessionsPerReplica``).
+    """
     if operator is None:
         return own
-    return min(own, operator)
+    if not own_fixed:
+        return operator if ceiling is None else min(operator, ceiling)
+    return operator if own is None else min(own, operator)
