@@ -308,6 +308,13 @@ def router_command(
 @click.option("--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all.")
 @click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
 @click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
+@click.option(
+    "--renew-every",
+    "renew_every_s",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="Our policy renews an idle live session's cached prefix every SECONDS (default: no renewal).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
@@ -321,6 +328,7 @@ def simulate(
     policies: tuple[str, ...],
     residency: float,
     headroom: float,
+    renew_every_s: float | None,
     seed: int,
     workers: int,
     out_dir: Path,
@@ -359,6 +367,7 @@ def simulate(
         seed=seed,
         expected_residency=residency,
         headroom=headroom,
+        renew_every_s=renew_every_s,
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
     _console.print(
@@ -386,6 +395,8 @@ def simulate(
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
             "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
+    if renew_every_s is not None:
+        meta["renew_every_s"] = renew_every_s
     text = results_json(runs, meta)
     (out_dir / "results.json").write_text(text)
     (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))

@@ -39,5 +39,7 @@ class FleetConfig:
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     control_interval_s: float = 15.0
     """The adaptive policy's control step: the Prometheus scrape interval."""
+    renew_every_s: float | None = None
+    """Our policy renews an idle live session's prefix every this many seconds (None: no renewal)."""
     law: LawParams | None = None
     """The adaptive policy's law; None: defaults with floor = KV capacity // maxModelLen, ceiling = max_num_seqs."""

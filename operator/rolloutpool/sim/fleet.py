@@ -15,16 +15,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rolloutpool.autoscale import initial_cap
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.engine.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.engine.hashing import SegmentChain
 from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import SessionTable
 from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
+from rolloutpool.sim.renewal import SimRenewals
 from rolloutpool.sim.workload import Trajectory, TrajectorySource
 
 __all__ = ["ADAPTIVE", "FleetConfig", "simulate_policy"]
@@ -43,6 +46,7 @@ class _Traj:
     replica: str | None = None
     prev_replica: str | None = None
     prev_context: int = 0
+    inflight: bool = False
 
 
 @dataclass
@@ -78,7 +82,7 @@ class _Fleet:
         self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
         self.table = SessionTable()
         self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity) if adaptive else None
-        cap = None if self.law is None else self.law.params.floor  # the law's first cap; RunResult.cap stays None
+        cap = None if self.law is None else initial_cap(self.law.params)  # the law's first cap (RunResult.cap: None)
         if self.law is None and policy.capped and isinstance(policy, SessionAware):
             cap = config.fixed_cap or oversubscribed_cap(
                 capacity_tokens=self.capacity,
@@ -92,6 +96,8 @@ class _Fleet:
         self.pressure = {n: PressureState(config.quarantine) for n in self.names}
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         self.use_quarantine = isinstance(policy, SessionAware)
+        renew = config.renew_every_s is not None and isinstance(policy, SessionAware)
+        self.renewals = SimRenewals(RenewalConfig(config.renew_every_s or 1.0)) if renew else None
         self.source = TrajectorySource(config.scenario, config.seed)
         self.trajs: dict[int, _Traj] = {}
         self.queue: deque[int] = deque()
@@ -150,6 +156,7 @@ class _Fleet:
             samples=self.samples,
             cap=self.cap,
             law=self.law,
+            renewals=None if self.renewals is None else self.renewals.totals(),
         )
 
     # -- trajectories -------------------------------------------------------------------
@@ -221,6 +228,9 @@ class _Fleet:
         # the list only grows (by the next observation) after the request is done
         traj.chain.extend(_SEGMENT_BASE + traj.plan.index * 256 + traj.turn * 2, max_tokens)
         traj.replica = replica
+        traj.inflight = True
+        if self.renewals is not None:
+            self.renewals.clock.busy(str(traj.plan.index))
         self._rid += 1
         request = Request(
             self._rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=traj.chain.hashes, tag=traj.plan.index
@@ -230,6 +240,7 @@ class _Fleet:
 
     def _complete_turn(self, replica: str, req: Request) -> None:
         traj = self.trajs[req.tag]
+        traj.inflight = False
         state = self.table.replicas.get(replica)
         if state is not None:
             state.inflight -= 1
@@ -260,10 +271,14 @@ class _Fleet:
             self._finish_trajectory(traj)
             return
         traj.chain.extend(_SEGMENT_BASE + plan.index * 256 + (traj.turn - 1) * 2 + 1, plan.observations[traj.turn - 1])
+        if self.renewals is not None:
+            self.renewals.clock.idle(str(plan.index), now=self.now)
         self._push(self.now + plan.tool_latencies[traj.turn - 1], _ARRIVE, plan.index)
 
     def _finish_trajectory(self, traj: _Traj) -> None:
         session = self.table.release(str(traj.plan.index))
+        if self.renewals is not None:
+            self.renewals.clock.forget(str(traj.plan.index))
         if session is not None and self.use_quarantine:
             self.pressure[session.replica].session_finished()
             self._quarantine(session.replica)
@@ -328,7 +343,10 @@ class _Fleet:
         driver.outcome = None
         if out is not None:
             for req in out.finished:
-                self._complete_turn(replica, req)
+                if self.renewals is not None and self.renewals.finished(req):
+                    self._renewed(req)
+                else:
+                    self._complete_turn(replica, req)
         self._start_engine(replica)
 
     # -- router loops ---------------------------------------------------------------------
@@ -348,7 +366,27 @@ class _Fleet:
                 lifted |= before and not state.quarantined
             if lifted:
                 self._drain_queue()
+        if self.renewals is not None:
+            self._renew_due()
         self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
+
+    def _renew_due(self) -> None:
+        assert self.renewals is not None  # noqa: S101 -- called only with renewal on
+        for sid in self.renewals.clock.due(now=self.now):
+            traj = self.trajs[int(sid)]  # a finished session is forgotten by the clock
+            session = self.table.lookup(sid)
+            if session is None or traj.inflight:  # pragma: no cover - an idle live session is bound and idle
+                continue
+            self._rid += 1
+            context = traj.prev_context + 1  # the last turn's prompt + output, as the client sent and received it
+            request = self.renewals.request(self._rid, chain_hashes=traj.chain.hashes, context_tokens=context, tag=sid)
+            self._enqueue(session.replica, request)
+
+    def _renewed(self, req: Request) -> None:
+        assert self.renewals is not None  # noqa: S101 -- called only with renewal on
+        traj = self.trajs.get(int(req.tag))
+        if traj is not None and not traj.inflight:  # still idle: renew again later
+            self.renewals.clock.idle(req.tag, now=self.now)
 
     def _quarantine(self, name: str) -> None:
         law = self.law.controls[name].quarantined if self.law is not None else False

@@ -13,6 +13,7 @@ from rolloutpool.engine.core import Engine
 if TYPE_CHECKING:
     from rolloutpool.sim.adaptive import AdaptiveCaps, ControlPoint
     from rolloutpool.sim.config import FleetConfig
+    from rolloutpool.sim.renewal import RenewalTotals
 
 __all__ = ["RunResult", "Sample", "summarize"]
 
@@ -64,13 +65,15 @@ class RunResult:
     """Adaptive policy: quarantines the control law entered (the fast loop's are ``quarantines``)."""
     control: list[ControlPoint] = field(default_factory=list, repr=False)
     """Adaptive policy: every replica's decision at every control step."""
+    renewals: int | None = None
+    """With prefix renewal: renewal requests sent (their tokens, queries and hits are left out of the figures)."""
 
     def row(self) -> dict[str, Any]:
         """The figures without the time series (for tables and JSON); adaptive-only figures when set."""
         data = asdict(self)
         data.pop("samples")
         data.pop("control")
-        for key in ("mean_cap", "law_cuts", "law_quarantines"):
+        for key in ("mean_cap", "law_cuts", "law_quarantines", "renewals"):
             if data[key] is None:
                 data.pop(key)
         return data
@@ -92,11 +95,16 @@ def summarize(
     samples: list[Sample],
     cap: int | None,
     law: AdaptiveCaps | None = None,
+    renewals: RenewalTotals | None = None,
 ) -> RunResult:
-    """Fold engine counters and router observations into one result (pure)."""
+    """Fold engine counters and router observations into one result (pure); renewals' own counts are left out."""
     generated = sum(e.counters.generation_tokens for e in engines)
     queries = sum(e.counters.prefix_queries for e in engines)
     hits = sum(e.counters.prefix_hits for e in engines)
+    if renewals is not None:
+        generated -= renewals.generated
+        queries -= renewals.prefix_queries
+        hits -= renewals.prefix_hits
     lives = [s.live for s in samples]
     hours = config.duration_s / 3600
     return RunResult(
@@ -125,4 +133,5 @@ def summarize(
         law_cuts=None if law is None else law.cuts,
         law_quarantines=None if law is None else law.quarantines,
         control=[] if law is None else law.points,
+        renewals=None if renewals is None else renewals.sent,
     )
