@@ -244,16 +244,7 @@ class _Fleet:
         state = self.table.replicas.get(replica)
         if state is not None:
             state.inflight -= 1
-        # re-prefill: context computed before that missed the cache this turn
-        limit = expected_cached_tokens(previous_context=traj.prev_context, prompt_tokens=req.prompt_len)
-        missed = max(0, limit - req.cached_tokens)
-        self.reprefilled += missed
-        if traj.prev_replica == replica:
-            self.evicted_reprefill += missed
-            self.live_reprefill[replica] += missed
-            if self.use_quarantine:
-                self.pressure[replica].observe_response(now=self.now, expected_cached=limit, cached=req.cached_tokens)
-                self._quarantine(replica)
+        self._count_reprefill(traj, replica, req)
         traj.prev_replica = replica
         traj.prev_context = req.seq_len - 1  # the last sampled token's KV is never computed
         session = self.table.lookup(str(traj.plan.index))
@@ -274,6 +265,18 @@ class _Fleet:
         if self.renewals is not None:
             self.renewals.clock.idle(str(plan.index), now=self.now)
         self._push(self.now + plan.tool_latencies[traj.turn - 1], _ARRIVE, plan.index)
+
+    def _count_reprefill(self, traj: _Traj, replica: str, req: Request) -> None:
+        """Context computed before that missed the cache on this request (a turn, or a renewal that found it gone)."""
+        limit = expected_cached_tokens(previous_context=traj.prev_context, prompt_tokens=req.prompt_len)
+        missed = max(0, limit - req.cached_tokens)
+        self.reprefilled += missed
+        if traj.prev_replica == replica:
+            self.evicted_reprefill += missed
+            self.live_reprefill[replica] += missed
+            if self.use_quarantine:
+                self.pressure[replica].observe_response(now=self.now, expected_cached=limit, cached=req.cached_tokens)
+                self._quarantine(replica)
 
     def _finish_trajectory(self, traj: _Traj) -> None:
         session = self.table.release(str(traj.plan.index))
@@ -344,7 +347,7 @@ class _Fleet:
         if out is not None:
             for req in out.finished:
                 if self.renewals is not None and self.renewals.finished(req):
-                    self._renewed(req)
+                    self._renewed(replica, req)
                 else:
                     self._complete_turn(replica, req)
         self._start_engine(replica)
@@ -382,10 +385,15 @@ class _Fleet:
             request = self.renewals.request(self._rid, chain_hashes=traj.chain.hashes, context_tokens=context, tag=sid)
             self._enqueue(session.replica, request)
 
-    def _renewed(self, req: Request) -> None:
+    def _renewed(self, replica: str, req: Request) -> None:
         assert self.renewals is not None  # noqa: S101 -- called only with renewal on
         traj = self.trajs.get(int(req.tag))
-        if traj is not None and not traj.inflight:  # still idle: renew again later
+        if traj is None:  # the session's last turn finished while its renewal waited in the engine
+            return
+        # a renewal that found the prefix evicted computed it again: that is the live session's re-prefill
+        # (done early; the next turn then finds it cached), and the fast quarantine sees it as it would a turn's
+        self._count_reprefill(traj, replica, req)
+        if not traj.inflight:  # still idle: renew again later
             self.renewals.clock.idle(req.tag, now=self.now)
 
     def _quarantine(self, name: str) -> None:
