@@ -2,7 +2,8 @@
 
 Startup (inside the event loop): build the upstream client, load the session
 snapshot, scrape every replica once (caps and readiness before the first request),
-then start the scrape loop, the idle-expiry loop and the snapshot writer.
+then start the scrape loop, the idle-expiry loop, the snapshot writer and, when
+``renew_every_s`` is set, the prefix-renewal loop (:mod:`rolloutpool.router.renewal`).
 
 Shutdown follows uvicorn's order, which aiohttp's runner implements: stop
 accepting, refuse new placements and fail queued sessions (503), let in-flight
@@ -29,6 +30,7 @@ from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.metrics import RouterMetrics
 from rolloutpool.router.proxy import Proxy
+from rolloutpool.router.renewal import Renewer
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
@@ -62,6 +64,8 @@ class RouterService:
         self.metrics = RouterMetrics()
         self.manager = SessionManager(config, clock=clock, metrics=self.metrics)
         self.proxy = Proxy(self.manager)
+        self.renewer = None if config.renew_every_s is None else Renewer(self.manager, every_s=config.renew_every_s)
+        self.proxy.renewer = self.renewer
         self.sessions = SessionAPI(self.manager)
         self.admin = AdminAPI(self.manager, config.admin_token)
         self.writer: SnapshotWriter | None = None
@@ -89,6 +93,9 @@ class RouterService:
         await scraper.scrape_all()
         self._spawn(scraper.run(), "scrape")
         self._spawn(self._expire_loop(), "expiry")
+        if self.renewer is not None:
+            self.renewer.attach(self._client)
+            self._spawn(self.renewer.run(), "renewal")
         _log.info(
             "Started router replicas=%d sessions=%d ready=%d",
             len(cfg.replicas),
@@ -148,6 +155,8 @@ class RouterService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.renewer is not None:
+            await self.renewer.close()
         if self.writer is not None:
             await self.writer.close()
         if self._client is not None:
@@ -247,12 +256,13 @@ def build_app(
 def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limits: LimitsSource | None = None) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
-        "Starting router host=%s port=%d replicas=%s admin=%s state=%s",
+        "Starting router host=%s port=%d replicas=%s admin=%s state=%s renew_every_s=%s",
         config.host,
         config.port,
         ",".join(r.name for r in config.replicas),
         "enabled" if config.admin_token else "disabled",
         config.state_path,
+        config.renew_every_s,
     )
     web.run_app(
         build_app(config, discovery=discovery, limits=limits),

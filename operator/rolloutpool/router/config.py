@@ -102,6 +102,11 @@ class RouterConfig:
     measure_streams: bool = True
     """Ask for ``include_usage`` on streams whose client did not, and drop that extra chunk."""
 
+    renew_every_s: float | None = None
+    """Prefix renewal: a live session idle this long has its last context re-sent with ``max_tokens=1``
+    so its cached blocks rejoin vLLM's free queue as the newest; ``None`` (default) is off. Each renewal
+    re-sends a whole prompt, which costs the engine's API server tokenization CPU."""
+
     # -- upstream --------------------------------------------------------------------
     upstream_connect_timeout_s: float = 5.0
     upstream_timeout_s: float = 600.0
@@ -147,6 +152,8 @@ class RouterConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.renew_every_s is not None and not self.renew_every_s > 0:
+            raise ValueError(f"renew_every_s must be positive (seconds) or unset (off), got {self.renew_every_s}")
         if self.queue_max < 0 or self.retry_after_s < 0 or self.unready_after_failures < 1:
             raise ValueError("queue_max and retry_after_s must be >= 0, unready_after_failures >= 1")
         if self.max_body_bytes < 1024 or self.default_block_size < 1:

@@ -97,6 +97,12 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.renewals = Counter(
+            f"{PREFIX}renewals",
+            "Prefix renewals of idle live sessions sent to a replica, by outcome (ok, failed)",
+            ["replica", "outcome"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             f"{PREFIX}upstream_errors", "Failed upstream requests", ["replica", "kind"], registry=r
         )

@@ -24,16 +24,20 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
 from rolloutpool.router.config import RouterConfig
 from rolloutpool.router.errors import error_body, error_response
+from rolloutpool.router.renewal_body import TextCollector, response_text
 from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager, Usage
 from rolloutpool.router.types import JSONObject
 from rolloutpool.routing.table import Session
+
+if TYPE_CHECKING:
+    from rolloutpool.router.renewal import Renewer
 
 __all__ = [
     "REPLICA_HEADER",
@@ -108,10 +112,15 @@ def admission_response(exc: AdmissionError, config: RouterConfig) -> web.Respons
 
 
 class EventRelay:
-    """Splits an SSE byte stream into events, records the usage chunk and optionally drops it."""
+    """Splits an SSE byte stream into events, records the usage chunk and optionally drops it.
 
-    def __init__(self, *, drop_usage_chunk: bool) -> None:
+    With a ``collector`` (prefix renewal on) every event is decoded and handed to it, to
+    accumulate the generated text; without one only events that mention ``usage`` are.
+    """
+
+    def __init__(self, *, drop_usage_chunk: bool, collector: TextCollector | None = None) -> None:
         self.drop_usage_chunk = drop_usage_chunk
+        self.collector = collector
         self.usage: Usage | None = None
         self._buffer = bytearray()
 
@@ -139,13 +148,15 @@ class EventRelay:
         return min(ends) if ends else -1
 
     def _keep(self, event: bytes) -> bool:
-        if b'"usage"' not in event:
+        if self.collector is None and b'"usage"' not in event:
             return True
         payload = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
         try:
             obj = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return True
+            return True  # e.g. [DONE]
+        if self.collector is not None:
+            self.collector.feed(obj)
         usage = parse_usage(obj)
         if usage is None:
             return True
@@ -159,6 +170,8 @@ class Proxy:
     def __init__(self, manager: SessionManager) -> None:
         self.manager = manager
         self._client: aiohttp.ClientSession | None = None
+        self.renewer: Renewer | None = None
+        """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
         self.config = manager.config
         self.metrics = manager.metrics
         cfg = self.config
@@ -225,17 +238,25 @@ class Proxy:
         except AdmissionError as exc:
             return admission_response(exc, cfg)
         self.manager.begin(session)
+        renewer = None if ephemeral else self.renewer
+        if renewer is not None:
+            renewer.turn_started(sid)
         try:
-            return await self._forward(request, session, path, body)
+            return await self._forward(request, session, path, body, renewer)
         finally:
             self.manager.end(session)
             if ephemeral and self.manager.is_current(session):
                 self.manager.release(sid, how="request")
             elif final:
                 self.manager.release(sid, how="final")
+            if renewer is not None:
+                renewer.turn_ended(session)
 
-    async def _forward(self, request: web.Request, session: Session, path: str, body: JSONObject) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, session: Session, path: str, body: JSONObject, renewer: Renewer | None
+    ) -> web.StreamResponse:
         cfg = self.config
+        original = body
         stream = body.get("stream") is True
         options = body.get("stream_options")
         asked = isinstance(options, dict) and options.get("include_usage") is True
@@ -249,7 +270,15 @@ class Proxy:
         try:
             async with self.client.post(url, data=json.dumps(body), headers=headers, timeout=self._timeout) as upstream:
                 if stream and upstream.status == 200:
-                    return await self._relay(request, upstream, session, drop_usage_chunk=inject)
+                    collector = None if renewer is None else TextCollector(path)
+                    response = await self._relay(
+                        request, upstream, session, drop_usage_chunk=inject, collector=collector
+                    )
+                    if renewer is not None and collector is not None and collector.finished:
+                        renewer.turn_answered(
+                            session, path=path, body=original, text=collector.text(), headers=request.headers
+                        )
+                    return response
                 data = await upstream.read()
                 content_type = upstream.headers.get("Content-Type", "application/json")
         except TimeoutError:
@@ -258,9 +287,13 @@ class Proxy:
             return self._failed(session, type(exc).__name__, 502, f"Replica {replica} failed: {type(exc).__name__}.")
         if upstream.status == 200:
             try:
-                self._turn(session, parse_usage(json.loads(data)))
+                obj = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
-                self._turn(session, None)
+                obj = None
+            self._turn(session, parse_usage(obj))
+            if renewer is not None:
+                text = response_text(path, obj)
+                renewer.turn_answered(session, path=path, body=original, text=text, headers=request.headers)
         return web.Response(
             body=data, status=upstream.status, headers={"Content-Type": content_type, REPLICA_HEADER: replica}
         )
@@ -275,7 +308,13 @@ class Proxy:
         self.manager.finish_turn(session, usage=usage)
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, session: Session, *, drop_usage_chunk: bool
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        session: Session,
+        *,
+        drop_usage_chunk: bool,
+        collector: TextCollector | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={
@@ -284,7 +323,7 @@ class Proxy:
                 REPLICA_HEADER: session.replica,
             }
         )
-        relay = EventRelay(drop_usage_chunk=drop_usage_chunk)
+        relay = EventRelay(drop_usage_chunk=drop_usage_chunk, collector=collector)
         try:
             await response.prepare(request)
             while True:
@@ -307,6 +346,8 @@ class Proxy:
             _log.info("Lost streaming client session=%s replica=%s", session.session_id, session.replica)
             return response
         self._turn(session, relay.usage)
+        if collector is not None:
+            collector.finished = True
         return response
 
     async def _end_stream(

@@ -112,6 +112,8 @@ class SessionManager:
         self._closed = False
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of the session table (snapshots hook in here)."""
+        self.on_forget: Callable[[str], None] = lambda _: None
+        """Called with the id of each session that stops being live (released, expired, its replica gone)."""
         for spec in config.replicas:
             self.add_replica(spec)
         metrics.watch(self._gauges, lambda: len(self._queue))
@@ -142,6 +144,7 @@ class SessionManager:
         del self.runtime[name]
         for session_id in lost:
             self._inflight.pop(session_id, None)
+            self.on_forget(session_id)
             self.metrics.releases.labels("replica_lost").inc()
         _log.info("Removed replica replica=%s reason=%s sessions=%d", name, reason, len(lost))
         self.on_change()
@@ -297,6 +300,7 @@ class SessionManager:
             return None
         self.metrics.releases.labels(how).inc()
         self._inflight.pop(session_id, None)
+        self.on_forget(session_id)
         runtime = self.runtime.get(session.replica)
         if runtime is not None and how not in {"replaced", "upstream_error"}:
             runtime.pressure.session_finished()
@@ -314,6 +318,7 @@ class SessionManager:
                 held.last_seen = now
         stale = self.table.expire(now=now, idle_timeout=self.config.idle_timeout_s)
         for session in stale:
+            self.on_forget(session.session_id)
             self.metrics.expiries.inc()
             self.metrics.releases.labels("expired").inc()
             runtime = self.runtime.get(session.replica)
@@ -335,6 +340,10 @@ class SessionManager:
         replica = self.table.replicas.get(session.replica)
         if replica is not None:
             replica.inflight += 1
+
+    def busy(self, session_id: str) -> bool:
+        """Whether the session has a request in flight."""
+        return self._inflight.get(session_id, 0) > 0
 
     def end(self, session: Session) -> None:
         """The request started by :meth:`begin` is over."""
@@ -359,29 +368,39 @@ class SessionManager:
         if usage is None:
             session.context_tokens = 0
             return
-        runtime = self.runtime[session.replica]
-        if session.context_tokens > 0 and usage.cached_tokens is not None:
-            expected = expected_cached_tokens(
-                previous_context=session.context_tokens - 1,
-                prompt_tokens=usage.prompt_tokens,
-                block_size=runtime.block_size,
-            )
-            before = runtime.pressure.quarantines
-            shortfall = runtime.pressure.observe_response(
-                now=self.clock(), expected_cached=expected, cached=usage.cached_tokens
-            )
-            if shortfall:
-                self.metrics.reprefilled_tokens.labels(session.replica).inc(shortfall)
-                _log.info(
-                    "Observed re-prefill replica=%s session=%s expected_cached=%d cached=%d",
-                    session.replica,
-                    session.session_id,
-                    expected,
-                    usage.cached_tokens,
-                )
-            self._sync_quarantine(session.replica, entered=runtime.pressure.quarantines > before)
+        self.observe_cached(session, usage=usage)
         session.context_tokens = usage.prompt_tokens + usage.completion_tokens
         self.on_change()
+
+    def observe_cached(self, session: Session, *, usage: Usage) -> int:
+        """Compare a response's ``cached_tokens`` with the session's previous context; returns the shortfall.
+
+        A shortfall is re-prefill of a live session's evicted prefix: counted per replica and fed to the
+        fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
+        """
+        runtime = self.runtime.get(session.replica)
+        if runtime is None or session.context_tokens <= 0 or usage.cached_tokens is None:
+            return 0
+        expected = expected_cached_tokens(
+            previous_context=session.context_tokens - 1,
+            prompt_tokens=usage.prompt_tokens,
+            block_size=runtime.block_size,
+        )
+        before = runtime.pressure.quarantines
+        shortfall = runtime.pressure.observe_response(
+            now=self.clock(), expected_cached=expected, cached=usage.cached_tokens
+        )
+        if shortfall:
+            self.metrics.reprefilled_tokens.labels(session.replica).inc(shortfall)
+            _log.info(
+                "Observed re-prefill replica=%s session=%s expected_cached=%d cached=%d",
+                session.replica,
+                session.session_id,
+                expected,
+                usage.cached_tokens,
+            )
+        self._sync_quarantine(session.replica, entered=runtime.pressure.quarantines > before)
+        return shortfall
 
     def upstream_failed(self, session: Session, *, replica_down: bool) -> None:
         """The replica failed this session's request: unbind it (re-placed next turn), maybe mark the replica down."""
