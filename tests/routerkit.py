@@ -196,3 +196,34 @@ class FaultyReplica:
         assert request.transport is not None
         request.transport.close()
         return response
+
+
+@dataclass
+class KillableEngine:
+    """An engine simulator that a test can stop mid-test (the replica dies); stopped at exit in any case."""
+
+    url: str
+    runner: web.AppRunner
+    alive: bool = True
+
+    async def kill(self) -> None:
+        """Stop listening and close every connection, including the router's keep-alive ones."""
+        if self.alive:
+            self.alive = False
+            await self.runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def killable_engine(seed: int = 0, **overrides: Any) -> AsyncIterator[KillableEngine]:
+    """One engine simulator on a free loopback port that :meth:`KillableEngine.kill` stops."""
+    settings = {**ENGINE_DEFAULTS, **overrides}
+    runner = web.AppRunner(build_app(ServerConfig(seed=seed, **settings)), shutdown_timeout=1.0)
+    await runner.setup()
+    engine = KillableEngine(url="", runner=runner)
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield engine
+    finally:
+        await engine.kill()

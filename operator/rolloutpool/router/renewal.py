@@ -111,6 +111,11 @@ class Renewer:
         self.clock.forget(session_id)
         self.records.pop(session_id, None)
 
+    @property
+    def inflight(self) -> int:
+        """Renewals sent (or waiting for a slot) and not yet answered."""
+        return len(self._tasks)
+
     # -- the loop --------------------------------------------------------------------
 
     async def run(self) -> None:
