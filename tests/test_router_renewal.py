@@ -13,7 +13,9 @@ import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from rolloutpool.cli import main
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router.proxy import EventRelay
 from rolloutpool.router.renewal_body import CHAT_PATH, COMPLETIONS_PATH, TextCollector, renewal_body, response_text
@@ -316,3 +318,9 @@ async def test_renewal_records_follow_the_sessions_life() -> None:
         assert renewer.clock.idle_sessions == 0
         assert renewer.tick() == 0
     await no_leaked_tasks()
+
+
+def test_cli_refuses_a_non_positive_renewal_period() -> None:
+    result = CliRunner().invoke(main, ["router", "--replica", "e0=http://127.0.0.1:1", "--renew-every", "-1"])
+    assert result.exit_code == 2
+    assert "renew_every_s must be positive" in result.output

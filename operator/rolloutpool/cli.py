@@ -227,6 +227,15 @@ def engine_sim(
 @click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
 @click.option("--scrape-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
 @click.option("--upstream-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True)
+@click.option(
+    "--renew-every",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Prefix renewal: re-send the last context of a session idle this long with max_tokens=1 so the engine "
+    "keeps its prefix cached. Off by default: each renewal re-sends a whole prompt, which costs the engine's "
+    "API server tokenization CPU.",
+)
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def router_command(
@@ -247,6 +256,7 @@ def router_command(
     queue_timeout: float,
     scrape_interval: float,
     upstream_timeout: float,
+    renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
 ) -> None:
@@ -274,6 +284,7 @@ def router_command(
             queue_timeout_s=queue_timeout,
             scrape_interval_s=scrape_interval,
             upstream_timeout_s=upstream_timeout,
+            renew_every_s=renew_every,
             state_path=state_path,
             admin_token=admin_token_file.read_text().strip() if admin_token_file else None,
         )
