@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.cli import router_command
 from rolloutpool.reconcile.children import (
     STATE_PATH,
     desired_engine_pods,
@@ -305,6 +307,27 @@ def test_router_settings_come_from_the_spec() -> None:
     assert "--queue-timeout=0.01" in c["args"]
     assert "--queue-max=7" in c["args"]
     assert not any(a.startswith("--cap-ceiling") for a in c["args"])
+
+
+@pytest.mark.parametrize(("seconds", "arg"), [(4, "--renew-every=4"), (0.25, "--renew-every=0.25"), (None, None)])
+def test_router_prefix_renewal_reaches_the_command_line(seconds: float | None, arg: str | None) -> None:
+    pool = pool_object("simulated-pool.yaml")
+    if seconds is not None:
+        pool["spec"]["router"] = {"prefixRenewalSeconds": seconds}
+    args = container(router_objects(pool=pool, spec=spec_of(pool), default_image=IMAGE)[-1]["spec"]["template"])["args"]
+    renew = [a for a in args if a.startswith("--renew-every")]
+    assert renew == ([arg] if arg else [])
+    # the router command accepts exactly these arguments
+    params = router_command.make_context("router", list(args)).params
+    assert params["renew_every"] == (None if seconds is None else float(seconds))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0, 90_000])
+def test_prefix_renewal_must_be_positive_and_bounded(bad: float) -> None:
+    pool = pool_object("simulated-pool.yaml")
+    pool["spec"]["router"] = {"prefixRenewalSeconds": bad}
+    with pytest.raises(ValidationError, match="prefixRenewalSeconds"):
+        spec_of(pool)
 
 
 # ---------------------------------------------------------------- needs_update

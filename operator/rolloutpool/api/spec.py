@@ -190,6 +190,9 @@ class RouterSpec(SpecModel):
     max_queue_length: int = Field(default=10_000, ge=0, le=1_000_000)
     """New sessions that may wait at once; beyond it the router answers 429."""
 
+    prefix_renewal_seconds: float | None = Field(default=None, gt=0, le=86_400)
+    """Renew an idle session's cached prefix (its last context, max_tokens=1) after this many seconds; unset: off."""
+
 
 class AutoscalingSpec(SpecModel):
     """Adaptive per-replica caps from Prometheus KV-pressure signals."""

@@ -257,6 +257,8 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
     ]
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
+    if router.prefix_renewal_seconds is not None:
+        args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     return args
 
 
