@@ -132,6 +132,10 @@ class Renewer:
             record = self.records.get(sid)
             if session is None or record is None or self.manager.busy(sid):
                 continue  # released, or a turn is in flight (its end starts the next idle period)
+            replica = self.manager.table.replicas.get(session.replica)
+            if replica is None or not replica.ready:
+                self.clock.idle(sid, now=self.manager.clock())  # not while the replica is down: later
+                continue
             task = asyncio.create_task(self._renew(session, record), name=f"rolloutpool-renewal-{sid}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
