@@ -334,3 +334,20 @@ def test_cli_refuses_a_non_positive_renewal_period() -> None:
     result = CliRunner().invoke(main, ["router", "--replica", "e0=http://127.0.0.1:1", "--renew-every", "-1"])
     assert result.exit_code == 2
     assert "renew_every_s must be positive" in result.output
+
+
+async def test_a_renewal_the_engine_refuses_is_dropped_not_retried() -> None:
+    """A turn that filled the context: its renewal is one token too long (400), so the record goes."""
+    async with engines(1, **SMALL_CACHE) as urls, router(urls, renew_every_s=0.05) as rt:
+        status, body, _ = await rt.complete(words("w", 500), session="S", max_tokens=100)
+        assert status == 200
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == SMALL_CACHE["max_model_len"]
+        await eventually(lambda: "S" not in rt.service.renewer.records)
+        assert await rt.metric("rolloutpool_router_renewals_total", outcome="failed") == 1
+        assert rt.service.renewer.clock.idle_sessions == 0  # not scheduled again
+        assert rt.manager.lookup("S") is not None  # the session itself is untouched
+        status, body, _ = await rt.complete(words("x", 20), session="S")  # a new turn records again
+        assert status == 200
+        assert "S" in rt.service.renewer.records
+    await no_leaked_tasks()

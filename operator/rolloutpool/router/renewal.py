@@ -20,7 +20,8 @@ quarantine; its next turn then finds the context cached, so nothing counts twice
 Renewals are not turns: the session's context, ``last_seen`` (idle expiry) and
 turn counters are untouched. A failed renewal is counted and retried after the next
 idle period (a 4xx drops the record: the same body would fail again); it never
-touches the session's binding or the replica's readiness.
+touches the session's binding or the replica's readiness. Sessions of a replica the
+router sees down (not ready) wait until it is ready again.
 """
 
 from __future__ import annotations
