@@ -2,12 +2,22 @@
 
 A block's hash covers its parent's hash and its own tokens, so two sequences share a
 block exactly when they share every token up to the end of that block (vLLM's
-prefix-cache key). Hashes are non-negative 62-bit integers; Python's hash of ints and
-tuples of ints does not depend on ``PYTHONHASHSEED``, so runs are reproducible.
+prefix-cache key). Only hash EQUALITY matters to the engine (the pool keys dicts by
+hash and compares them; nothing orders by value), so any scheme works that gives equal
+hashes to equal prefixes and makes a collision astronomically unlikely. Python's hash
+of ints and tuples of ints does not depend on ``PYTHONHASHSEED``, so runs are
+reproducible.
 
-``TokenChain`` hashes real token ids (the HTTP engine simulator). ``SegmentChain``
-hashes sequences described as segments ``(segment_id, length)`` without building
-token lists (the fleet simulator): token ``i`` of segment ``s`` is the pair ``(s, i)``.
+``hash_token_blocks`` hashes real token ids (the HTTP engine simulator): non-negative
+62-bit integers. ``SegmentChain`` hashes sequences described as segments
+``(segment_id, length)`` without building token lists (the fleet simulator): token
+``i`` of segment ``s`` is the pair ``(s, i)``. The whole blocks one :meth:`~SegmentChain.extend`
+adds are consecutive integers ``base, base + 1, ...`` where ``base`` is a 62-bit hash
+of (parent hash, segment, offset): the parent fixes every token before the run and
+(segment, offset, position in the run) fixes the block's own tokens, so equal hashes
+still mean equal prefixes, and building a long run costs one hash, not one per block.
+Two runs collide only if their ranges of a few thousand integers overlap in a 2**62
+space: less likely than a collision among per-block hashes of the same blocks.
 """
 
 from __future__ import annotations
@@ -65,12 +75,12 @@ class SegmentChain:
                 self.hashes.append(self._parent)
                 self._pending = []
                 self._pending_len = 0
-        parent = self._parent
-        whole = range(offset, n_tokens - bs + 1, bs)  # whole blocks inside this segment
-        # each block's hash chains on the previous one: the walrus carries it along
-        self.hashes += [parent := hash((parent, segment_id, start)) & MASK for start in whole]
-        offset += len(whole) * bs
-        self._parent = parent
+        whole = (n_tokens - offset) // bs  # whole blocks inside this segment
+        if whole:
+            base = hash((self._parent, segment_id, offset)) & MASK
+            self.hashes += range(base, base + whole)
+            offset += whole * bs
+            self._parent = base + whole - 1
         if offset < n_tokens:
             self._pending = [(segment_id, offset, n_tokens)]
             self._pending_len = n_tokens - offset
