@@ -8,6 +8,7 @@ import pytest
 
 from rolloutpool.engine.blocks import BlockPool
 from rolloutpool.engine.core import Engine, EngineConfig, Request
+from rolloutpool.engine.cost import CostModel
 from rolloutpool.engine.hashing import SegmentChain, hash_token_blocks
 
 BS = 16
@@ -205,6 +206,66 @@ def test_segment_chain_matches_token_hash_structure() -> None:
     assert len(chain.hashes) == 4
 
 
+def test_segment_chain_blocks_are_equal_exactly_when_their_prefixes_are() -> None:
+    def chain(*segments: tuple[int, int]) -> list[int]:
+        c = SegmentChain(BS)
+        for segment, n in segments:
+            c.extend(segment, n)
+        return c.hashes
+
+    a = chain((7, 100), (8, 50))
+    assert a == chain((7, 100), (8, 50))  # reproducible
+    assert len(set(a)) == len(a)
+    b = chain((7, 100), (9, 50))
+    assert a[:6] == b[:6]  # 6 whole blocks of segment 7, then the block mixing 7 with 8 or 9
+    assert not set(a[6:]) & set(b[6:])
+    c = chain((7, 96), (8, 54))  # the same segment 8 after a different prefix: nothing shared from there
+    assert c[:6] == a[:6]
+    assert not set(c[6:]) & set(a)
+    d = chain((5, 100), (8, 50))  # a different first segment: nothing shared at all
+    assert not set(d) & set(a)
+    many = [chain((g, 40 + g), (1000 + g, 500)) for g in range(200)]
+    flat = [h for m in many for h in m]
+    assert len(set(flat)) == len(flat)
+
+
+def test_decode_steps_within_equals_a_binary_search() -> None:
+    import random  # noqa: PLC0415
+
+    cost = CostModel()
+    rng = random.Random(3)
+    for _ in range(3000):
+        batch = rng.randint(1, 256)
+        kv = rng.randint(batch, 3_000_000)
+        max_steps = rng.choice([0, 1, 2, 17, 5000])
+        exact = cost.decode_run_seconds(steps=rng.randint(0, max_steps + 1), batch=batch, kv_tokens_read=kv)
+        seconds = rng.choice([exact, math.nextafter(exact, 0.0), math.nextafter(exact, 1.0), rng.random() * 30])
+        lo, hi = 0, max_steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cost.decode_run_seconds(steps=mid, batch=batch, kv_tokens_read=kv) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        assert cost.decode_steps_within(seconds, max_steps=max_steps, batch=batch, kv_tokens_read=kv) == lo
+
+
+def _assert_caches_fresh(engine: Engine) -> None:
+    """The engine's running sums and decode cache equal a recomputation from the requests."""
+    running = engine.running
+    assert engine._kv == sum(r.num_computed for r in running)
+    for req in running:
+        assert req.held_blocks == -(-req.num_computed // BS)
+    if engine._fins is not None:
+        clock = engine._clock
+        left = [min(r.max_tokens - r.num_output, engine.config.max_model_len - r.seq_len) for r in running]
+        assert engine._fins == sorted(clock + n for n in left)
+        counts = [0] * BS
+        for req in running:
+            counts[(req.num_computed - 1 - clock) % BS] += 1
+        assert engine._phase_counts == counts
+
+
 def test_binary_searched_hits_equal_a_linear_scan_under_churn() -> None:
     """Residency stays prefix-closed along chains through admission, decode, preemption, eviction."""
     import random  # noqa: PLC0415
@@ -239,6 +300,9 @@ def test_binary_searched_hits_equal_a_linear_scan_under_churn() -> None:
                     break
                 held += 1
             assert engine.pool.count_held(chain, len(chain)) == held
+            limit = rng.randint(0, len(chain) + 1)
+            hits_in = min(linear, limit)
+            assert engine.pool.count_hits_held(chain, limit) == (hits_in, min(held, hits_in))
     assert engine.counters.preemptions > 0  # the churn did exercise preemption
     assert engine.pool.evictions > 0  # and eviction
 
@@ -269,6 +333,10 @@ class _BlockByBlockPool:
         while n < min(limit, len(hashes)) and hashes[n] in self.ref:
             n += 1
         return n
+
+    def count_hits_held(self, hashes: list[int], limit: int) -> tuple[int, int]:
+        hits = self.count_hits(hashes, limit)
+        return hits, self.count_held(hashes, hits)
 
     def take_cached(self, hashes: list[int], n: int) -> None:
         for h in hashes[:n]:
@@ -381,6 +449,13 @@ def test_pool_matches_a_block_by_block_reference_under_churn(seed: int) -> None:
             a, b = real.decode_run(k), ref.decode_run(k)
         else:
             a, b = real.step(), ref.step()
+        _assert_caches_fresh(real)
+        if rng.random() < 0.02 and real.running:  # an abort drops the decode cache and the request's KV
+            victim = rng.choice(real.running)
+            twin = next(r for r in ref.running if r.rid == victim.rid)
+            assert real.abort(victim)
+            assert ref.abort(twin)
+            _assert_caches_fresh(real)
         assert [r.rid for r in a.finished] == [r.rid for r in b.finished]
         assert [r.rid for r in a.preempted] == [r.rid for r in b.preempted]
         assert a.duration == b.duration

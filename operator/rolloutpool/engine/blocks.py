@@ -149,6 +149,22 @@ class BlockPool:
         """Leading blocks of ``hashes[:limit]`` held by some request (prefix-closed, like residency)."""
         return self._leading(hashes, limit, held_only=True)
 
+    def count_hits_held(self, hashes: list[int], limit: int) -> tuple[int, int]:
+        """``(count_hits(hashes, limit), count_held(hashes, hits))`` in one walk (held blocks are a prefix of hits)."""
+        limit = min(limit, len(hashes))
+        depth, node, held = 0, self._root, -1
+        while depth < limit:
+            seg = node.children.get(hashes[depth])
+            if seg is None:
+                break
+            if held < 0 and not seg.ref:
+                held = depth
+            depth = _shared_end(seg, hashes, limit)
+            if depth < seg.depth + len(seg.hashes):
+                break
+            node = seg
+        return depth, depth if held < 0 else held
+
     def _leading(self, hashes: list[int], limit: int, *, held_only: bool) -> int:
         """Walk the segment tree along ``hashes``: how many leading blocks are resident (or held)."""
         limit = min(limit, len(hashes))
@@ -216,9 +232,14 @@ class BlockPool:
         the same object, so the hint stays good while the request holds it).
         """
         node, depth = self._root, 0
-        tail = hint if isinstance(hint, _Seg) and hint.hashes else None
-        if tail is not None and tail.depth + len(tail.hashes) == start and tail.hashes[-1] == hashes[start - 1]:
-            node, depth = tail, start  # still the segment that ends with our last block
+        if type(hint) is _Seg:
+            blocks = hint.hashes
+            if blocks and hint.depth + len(blocks) == start and blocks[-1] == hashes[start - 1]:
+                # still the segment that ends with our last block
+                if hint.ref == 1 and not hint.children and start < end:
+                    blocks += hashes[start:end]  # all the loop below would do: extend it
+                    return hint
+                node, depth = hint, start
         while depth < start:  # down the request's held segments (they end on its boundary)
             node = node.children[hashes[depth]]
             depth = node.depth + len(node.hashes)

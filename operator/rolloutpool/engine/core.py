@@ -150,6 +150,11 @@ class Engine:
         self.running: list[Request] = []
         self.counters = EngineCounters()
         self._bs = config.block_size
+        self._kv = 0  # sum of num_computed over the running batch
+        # the decode cache (see decode_run_length): valid while only decode runs changed the batch
+        self._clock = 0  # decode-run steps applied so far
+        self._fins: list[int] | None = None  # running requests' last step on the clock, ascending
+        self._phase_counts: list[int] = []  # running requests by (num_computed - 1 - clock) % block_size
 
     # -- intake ---------------------------------------------------------------------
 
@@ -165,6 +170,8 @@ class Engine:
         """Drop a request wherever it is; returns whether it was found."""
         if request in self.running:
             self.running.remove(request)
+            self._kv -= request.num_computed
+            self._fins = None
         elif request in self.waiting:
             self.waiting.remove(request)
         else:
@@ -182,25 +189,30 @@ class Engine:
 
     def step(self) -> StepOutcome:
         """Schedule and execute one engine step."""
+        self._fins = None
         bs, pool = self._bs, self.pool
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         preempted: list[Request] = []
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n_new = min(req.seq_len - req.num_computed, budget)
-            need = _ceil_div(req.num_computed + n_new, bs) - req.held_blocks
-            while need > pool.num_free:
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            n_new = min(req.prompt_len + req.num_output - computed, budget)
+            need = -(-(computed + n_new) // bs) - req.n_hashed - req.n_private
+            if need:
+                while need > pool.num_free:
+                    victim = running.pop()
+                    self._kv -= victim.num_computed
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                if preempted and preempted[-1] is req:
                     break
-            if preempted and preempted[-1] is req:
-                break
-            pool.take_new(need)
-            req.n_private += need
+                pool.take_new(need)
+                req.n_private += need
             scheduled.append((req, n_new))
             budget -= n_new
             i += 1
@@ -213,11 +225,10 @@ class Engine:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             total = req.seq_len
-            hits = pool.count_hits(req.hashes, (total - 1) // bs)
+            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs)
             hit_tokens = hits * bs
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
-            held = pool.count_held(req.hashes, hits)
             if need > pool.num_free - (hits - held):
                 break  # head-of-line blocking
             self.waiting.popleft()
@@ -231,6 +242,7 @@ class Engine:
                 req.cached_tokens = hit_tokens
                 self.counters.prompt_tokens += req.prompt_len
             self.running.append(req)
+            self._kv += hit_tokens
             scheduled.append((req, n_new))
             budget -= n_new
         return budget
@@ -238,25 +250,43 @@ class Engine:
     def _execute(self, scheduled: list[tuple[Request, int]], preempted: list[Request]) -> StepOutcome:
         cost = self.config.cost
         prefill_tokens = 0
-        kv_read = 0
+        kv_read = kv_new = 0
         for req, n_new in scheduled:
             kv_read += req.num_computed
+            kv_new += n_new
             if n_new > 1 or req.num_output == 0:
                 prefill_tokens += n_new
         duration = cost.step_seconds(prefill_tokens=prefill_tokens, kv_tokens_read=kv_read) if scheduled else 0.0
         finished: list[Request] = []
         first: list[Request] = []
         generated = 0
-        for req, n_new in scheduled:
-            req.num_computed += n_new
-            self._seal(req)
-            if req.num_computed == req.seq_len:
-                req.num_output += 1
+        bs, seal, model_len = self._bs, self.pool.seal, self.config.max_model_len
+        for req, n_new in scheduled:  # _seal and _done, inlined
+            computed = req.num_computed + n_new
+            req.num_computed = computed
+            full = computed // bs
+            n_hashed = req.n_hashed
+            if n_hashed < full:
+                hashes = req.hashes
+                full = min(full, len(hashes))
+                if n_hashed < full:
+                    req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
+                    req.n_private -= full - n_hashed
+                    req.n_hashed = full
+            out = req.num_output
+            if computed == req.prompt_len + out:
+                out += 1
+                req.num_output = out
                 generated += 1
-                if req.num_output == 1:
+                if out == 1:
                     first.append(req)
-                if self._done(req):
+                if out >= req.max_tokens:
+                    req.finish_reason = "stop"
                     finished.append(req)
+                elif req.prompt_len + out >= model_len:
+                    req.finish_reason = "length"
+                    finished.append(req)
+        self._kv += kv_new
         self._finish(finished)
         self.counters.generation_tokens += generated
         self.counters.steps += 1 if scheduled else 0
@@ -275,85 +305,126 @@ class Engine:
         ``ceil(c / bs)`` blocks and needs a new one at steps ``a + 1``, ``a + 1 + bs``,
         ... where ``a = bs - 1 - (c - 1) % bs``, so ``s = q * bs + t`` steps cost
         ``batch * q`` blocks plus one per request with ``(c - 1) % bs >= bs - t``.
+
+        The per-request figures (last step, phase ``(c - 1) % bs``) are kept in a cache
+        on a clock of decode steps, so that after a decode run only the finished requests
+        leave it; any other change to the batch drops it.
         """
         running = self.running
         if not running or max_steps < 1:
             return 0
-        if len(running) > self.config.max_num_batched_tokens:
+        batch = len(running)
+        if batch > self.config.max_num_batched_tokens:
             return 0
-        remaining = max_steps
-        model_len = self.config.max_model_len
-        bs = self._bs
-        phases: list[int] = []
-        for req in running:
-            computed = req.num_computed
-            seq_len = req.prompt_len + req.num_output
-            if seq_len - computed != 1 or req.num_output == 0:
-                return 0
-            left = min(req.max_tokens - req.num_output, model_len - seq_len)
-            remaining = min(remaining, left)
-            phases.append((computed - 1) % bs)
+        fins = self._fins if self._fins is not None else self._decode_cache()
+        if fins is None:
+            return 0
+        remaining = min(fins[0] - self._clock, max_steps)
         if remaining < 1 or self._admissible():
             return 0
         # the largest s with _blocks_needed(s) <= free: whole cycles of bs steps cost
         # one block per request; the leftover blocks cover the `spare` requests whose
         # next block comes soonest (largest phase)
-        cycles, spare = divmod(self.pool.num_free, len(running))
-        phases.sort(reverse=True)
-        steps = cycles * bs + bs - 1 - phases[spare]
+        cycles, spare = divmod(self.pool.num_free, batch)
+        bs, clock, counts = self._bs, self._clock, self._phase_counts
+        phase = bs - 1
+        while True:
+            spare -= counts[(phase - clock) % bs]
+            if spare < 0:
+                break
+            phase -= 1
+        steps = cycles * bs + bs - 1 - phase
         return min(remaining, steps) if steps >= 1 else 0
+
+    def _decode_cache(self) -> list[int] | None:
+        """Build the decode cache when every running request is decoding (else None)."""
+        bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
+        last = self.running[-1]  # the newest (just admitted, perhaps still in prefill): a quick no
+        if last.prompt_len + last.num_output - last.num_computed != 1 or last.num_output == 0:
+            return None
+        fins: list[int] = []
+        counts = [0] * bs
+        for req in self.running:
+            computed, out = req.num_computed, req.num_output
+            seq_len = req.prompt_len + out
+            if seq_len - computed != 1 or out == 0:
+                return None
+            fins.append(clock + min(req.max_tokens - out, model_len - seq_len))
+            counts[(computed - 1 - clock) % bs] += 1
+        fins.sort()
+        self._fins, self._phase_counts = fins, counts
+        return fins
 
     def decode_run_seconds(self, steps: int) -> float:
         """Duration of the first ``steps`` steps of a decode run (pure arithmetic)."""
-        kv_now = sum(r.num_computed for r in self.running)
-        return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=kv_now)
+        return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=self._kv)
 
     def decode_steps_within(self, seconds: float, max_steps: int) -> int:
-        """The most steps (up to ``max_steps``, at least 0) of a decode run that end by ``seconds`` (binary search)."""
-        kv_now = sum(r.num_computed for r in self.running)
-        batch = len(self.running)
-        run_seconds = self.config.cost.decode_run_seconds
-        lo, hi = 0, max_steps
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if run_seconds(steps=mid, batch=batch, kv_tokens_read=kv_now) <= seconds:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """The most steps (up to ``max_steps``, at least 0) of a decode run that end by ``seconds``."""
+        return self.config.cost.decode_steps_within(
+            seconds, max_steps=max_steps, batch=len(self.running), kv_tokens_read=self._kv
+        )
 
     def decode_run(self, steps: int) -> StepOutcome:
         """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
         duration = self.decode_run_seconds(steps)
         running = self.running
-        bs, model_len, seal = self._bs, self.config.max_model_len, self.pool.seal
-        need = 0  # _blocks_needed(steps), inlined
-        for req in running:
-            need += -(-(req.num_computed + steps) // bs) - req.n_hashed - req.n_private
-        if not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
+        bs, seal, clock = self._bs, self.pool.seal, self._clock
+        fins, counts = self._fins, self._phase_counts
+        need = self._decode_blocks_needed(steps)
+        if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
             raise RuntimeError("decode_run asked for more steps than blocks allow")
-        finished: list[Request] = []
-        for req in running:  # the loop of step() and _seal/_done, inlined: this is the hot path
+        for req in running:  # the loop of step() with its seal, inlined: this is the hot path
             computed = req.num_computed + steps
             req.num_computed = computed
             req.num_output += steps
-            full = min(computed // bs, len(req.hashes))
-            if req.n_hashed < full:
-                req.pool_hint = seal(req.hashes, req.n_hashed, full, req.pool_hint)
-                req.n_hashed = full
+            full = computed // bs
+            n_hashed = req.n_hashed
+            if n_hashed < full:
+                hashes = req.hashes
+                full = min(full, len(hashes))
+                if n_hashed < full:
+                    req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
+                    req.n_hashed = full
             req.n_private = -(-computed // bs) - full
+        clock += steps
+        self._clock = clock
+        self._kv += steps * len(running)
+        finished = self._decoded_finished() if fins is None or fins[0] <= clock else []
+        generated = steps * len(running)
+        if fins is not None and finished:
+            del fins[: len(finished)]
+            for req in finished:
+                counts[(req.num_computed - 1 - clock) % bs] -= 1
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += steps
+        self.counters.busy_seconds += duration
+        return StepOutcome(duration, steps, finished, [], [], generated)
+
+    def _decode_blocks_needed(self, steps: int) -> int:
+        """:meth:`_blocks_needed` of a decode run: from the phase counts when the decode cache is valid."""
+        bs, running = self._bs, self.running
+        if self._fins is None:
+            return sum(-(-(r.num_computed + steps) // bs) - r.n_hashed - r.n_private for r in running)
+        clock, counts = self._clock, self._phase_counts
+        need = len(running) * (steps // bs)
+        for phase in range(bs - steps % bs, bs):
+            need += counts[(phase - clock) % bs]
+        return need
+
+    def _decoded_finished(self) -> list[Request]:
+        """The running requests a decode run just finished, in batch order, with their finish reasons."""
+        finished: list[Request] = []
+        model_len = self.config.max_model_len
+        for req in self.running:
             if req.num_output >= req.max_tokens:
                 req.finish_reason = "stop"
                 finished.append(req)
             elif req.prompt_len + req.num_output >= model_len:
                 req.finish_reason = "length"
                 finished.append(req)
-        generated = steps * len(running)
-        self._finish(finished)
-        self.counters.generation_tokens += generated
-        self.counters.steps += steps
-        self.counters.busy_seconds += duration
-        return StepOutcome(duration, steps, finished, [], [], generated)
+        return finished
 
     def _blocks_needed(self, steps: int) -> int:
         bs = self._bs
@@ -364,32 +435,15 @@ class Engine:
             return False
         req = self.waiting[0]
         bs = self._bs
-        hits = self.pool.count_hits(req.hashes, (req.seq_len - 1) // bs)
         budget = self.config.max_num_batched_tokens - len(self.running)
         if budget <= 0:
             return False
+        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs)
         n_new = min(req.seq_len - hits * bs, budget)
         need = _ceil_div(hits * bs + n_new, bs) - hits
-        held = self.pool.count_held(req.hashes, hits)
         return need <= self.pool.num_free - (hits - held)
 
     # -- bookkeeping --------------------------------------------------------------------
-
-    def _seal(self, req: Request) -> None:
-        full = min(req.num_computed // self._bs, len(req.hashes))
-        if req.n_hashed < full:
-            req.pool_hint = self.pool.seal(req.hashes, req.n_hashed, full, req.pool_hint)
-            req.n_private -= full - req.n_hashed
-            req.n_hashed = full
-
-    def _done(self, req: Request) -> bool:
-        if req.num_output >= req.max_tokens:
-            req.finish_reason = "stop"
-            return True
-        if req.seq_len >= self.config.max_model_len:
-            req.finish_reason = "length"
-            return True
-        return False
 
     def _finish(self, finished: list[Request]) -> None:
         if not finished:
@@ -397,6 +451,7 @@ class Engine:
         done = {id(r) for r in finished}
         self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
+            self._kv -= req.num_computed
             self._free(req)
             if req.finish_reason == "stop":
                 self.counters.finished_stop += 1

@@ -10,6 +10,7 @@ The figures are estimates (DESIGN section 5) and every one is a parameter.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rolloutpool.capacity import (
@@ -47,6 +48,28 @@ class CostModel:
         per_step = self.step_overhead_s + self.weight_bytes / self.hbm_bytes_per_s
         kv_sum = steps * kv_tokens_read + batch * steps * (steps - 1) // 2
         return steps * per_step + kv_sum * self.kv_bytes_per_token / self.hbm_bytes_per_s
+
+    def decode_steps_within(self, seconds: float, *, max_steps: int, batch: int, kv_tokens_read: int) -> int:
+        """The most steps ``s`` in ``0..max_steps`` with ``decode_run_seconds(s) <= seconds`` (0 if none from 1).
+
+        :meth:`decode_run_seconds` never decreases with ``steps`` (each rounded term is
+        monotone), so that ``s`` is unique: a float estimate from the quadratic is
+        corrected by exact comparisons, giving what a binary search would.
+        """
+        per_step = self.step_overhead_s + self.weight_bytes / self.hbm_bytes_per_s
+        per_kv = self.kv_bytes_per_token / self.hbm_bytes_per_s
+        # seconds ~ s * per_step + (s * kv + batch * s * (s - 1) / 2) * per_kv: solve for s
+        a = batch * per_kv / 2
+        b = per_step + (kv_tokens_read - batch / 2) * per_kv
+        disc = b * b + 4 * a * seconds
+        guess = (math.sqrt(disc) - b) / (2 * a) if a > 0 and disc >= 0 else seconds / b if b > 0 else 0.0
+        s = max(0, min(max_steps, int(guess))) if math.isfinite(guess) else 0
+        run_seconds = self.decode_run_seconds
+        while s < max_steps and run_seconds(steps=s + 1, batch=batch, kv_tokens_read=kv_tokens_read) <= seconds:
+            s += 1
+        while s > 0 and run_seconds(steps=s, batch=batch, kv_tokens_read=kv_tokens_read) > seconds:
+            s -= 1
+        return s
 
 
 @dataclass(frozen=True)
