@@ -1,8 +1,9 @@
-"""Live sessions and queue depth straight from the router pods' ``/metrics`` (synchronous I/O).
+"""Live sessions, queue depth and the routers' own quarantines straight from the router pods' ``/metrics``.
 
-The operator shows these in the pool's status (printer column ``sessions``); it scrapes the
-routers itself instead of asking Prometheus so the numbers are current and do not depend
-on Prometheus being up. Routers that do not answer are skipped, and counted.
+The operator shows these in the pool's status (printer columns ``sessions`` and ``quarantined``,
+``replicaStatus[].routerQuarantined``); it scrapes the routers itself instead of asking Prometheus
+so the numbers are current and do not depend on Prometheus being up. Routers that do not answer
+are skipped, and counted: what they would report is simply absent (synchronous I/O).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.metrics.prom import redact_url
 
-__all__ = ["RouterStats", "metrics_url", "parse_router_metrics", "read_router_stats"]
+__all__ = ["RouterSample", "RouterStats", "metrics_url", "parse_router_metrics", "read_router_stats"]
 
 _LIVE = "rolloutpool_router_live_sessions"
 _QUEUE = "rolloutpool_router_queue_depth"
+_PRESSURE = "rolloutpool_router_replica_pressure"
 _MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -36,6 +38,21 @@ class RouterStats:
     """Routers that answered (the others are not in the sums)."""
     errors: tuple[str, ...] = field(default=())
     """Why each unreachable router was skipped (URLs without credentials)."""
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Replica -> reason, for each replica that an answering router quarantines by itself (its fast
+    loop; ``rolloutpool_router_replica_pressure``). The first router in URL order names the reason."""
+
+
+@dataclass(frozen=True)
+class RouterSample:
+    """What one router's exposition says."""
+
+    live_sessions: dict[str, int]
+    """Replica -> live sessions."""
+    queued_sessions: int
+    """Admission queue depth."""
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Replica -> reason, while the router's own fast loop quarantines it."""
 
 
 def metrics_url(url: str) -> str:
@@ -43,21 +60,26 @@ def metrics_url(url: str) -> str:
     return url if urlsplit(url).path.rstrip("/").endswith("/metrics") else f"{url.rstrip('/')}/metrics"
 
 
-def parse_router_metrics(text: str) -> tuple[dict[str, int], int]:
-    """Live sessions per replica and queue depth from one router's exposition text (pure).
+def parse_router_metrics(text: str) -> RouterSample:
+    """Live sessions per replica, queue depth and the router's own quarantines from its exposition (pure).
 
-    Raises ``ValueError`` when the text is not a Prometheus exposition.
+    A replica is quarantined by the router while a ``rolloutpool_router_replica_pressure`` sample of
+    it is positive; that sample's ``reason`` label says why. Raises ``ValueError`` when the text is
+    not a Prometheus exposition.
     """
     live: dict[str, int] = {}
     queued = 0
+    quarantined: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == _LIVE and "replica" in sample.labels:
-                replica = sample.labels["replica"]
+            replica = sample.labels.get("replica")
+            if sample.name == _LIVE and replica is not None:
                 live[replica] = live.get(replica, 0) + round(sample.value)
             elif sample.name == _QUEUE:
                 queued += round(sample.value)
-    return live, queued
+            elif sample.name == _PRESSURE and replica is not None and sample.value > 0:
+                quarantined.setdefault(replica, sample.labels.get("reason") or "Unknown")
+    return RouterSample(live_sessions=live, queued_sessions=queued, quarantined=quarantined)
 
 
 def _fetch(url: str, *, timeout_seconds: float) -> str:
@@ -69,9 +91,13 @@ def _fetch(url: str, *, timeout_seconds: float) -> str:
 
 
 def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> RouterStats:
-    """Scrape each router's ``/metrics`` in turn and sum live sessions per replica and queue depth."""
+    """Scrape each router's ``/metrics`` in turn; live sessions per replica and queue depth summed.
+
+    Replicas that any answering router quarantines by itself come with the first such router's reason.
+    """
     live: dict[str, int] = {}
     queued = 0
+    quarantined: dict[str, str] = {}
     reachable = 0
     errors: list[str] = []
     for url in urls:
@@ -80,13 +106,21 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
             errors.append(f"{redact_url(target)}: not an http(s) URL")
             continue
         try:
-            replica_live, replica_queue = parse_router_metrics(_fetch(target, timeout_seconds=timeout_seconds))
+            sample = parse_router_metrics(_fetch(target, timeout_seconds=timeout_seconds))
         except (urllib.error.URLError, OSError, ValueError, IndexError, KeyError) as err:
             reason = getattr(err, "reason", None) or type(err).__name__
             errors.append(f"{redact_url(target)}: {reason}")
             continue
         reachable += 1
-        queued += replica_queue
-        for replica, count in replica_live.items():
+        queued += sample.queued_sessions
+        for replica, count in sample.live_sessions.items():
             live[replica] = live.get(replica, 0) + count
-    return RouterStats(live_sessions=live, queued_sessions=queued, reachable=reachable, errors=tuple(errors))
+        for replica, reason in sample.quarantined.items():
+            quarantined.setdefault(replica, reason)
+    return RouterStats(
+        live_sessions=live,
+        queued_sessions=queued,
+        reachable=reachable,
+        errors=tuple(errors),
+        quarantined=quarantined,
+    )

@@ -3,6 +3,13 @@
 Counters and histograms are updated where things happen. Gauges of the session
 table (live sessions, caps, quarantine, readiness, queue depth) are read from the
 table at scrape time by a collector, so they can never drift from it.
+
+Two quarantine gauges, on purpose: ``rolloutpool_router_replica_quarantined`` is what the
+router obeys (its own fast quarantine OR the operator's, from the pool's status), while
+``rolloutpool_router_replica_pressure{replica, reason}`` is the router's OWN fast quarantine
+only (a state set: 1 for the reason its ``PressureState`` holds the replica for, 0 for the
+other reasons). The operator reads the latter back into ``status.replicaStatus[].routerQuarantined``;
+reading the combined one would latch the operator's own decision.
 """
 
 from __future__ import annotations
@@ -15,9 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["PREFIX", "ReplicaGauges", "RouterMetrics"]
+__all__ = ["PREFIX", "PRESSURE_REASONS", "ReplicaGauges", "RouterMetrics"]
 
 PREFIX = "rolloutpool_router_"
+
+PRESSURE_REASONS = ("Evicting", "Preempting", "Queueing")
+"""Reasons of the router's fast quarantine (``routing.quarantine.PressureState``): always exposed, 0 or 1."""
 
 _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
@@ -34,6 +44,8 @@ class ReplicaGauges:
     ready: bool
     draining: bool
     inflight: int
+    pressure: str | None = None
+    """Why the router's own fast loop quarantines the replica (``Evicting``...); None when it does not."""
 
 
 class _TableCollector(Collector):
@@ -53,6 +65,12 @@ class _TableCollector(Collector):
             "ready": GaugeMetricFamily(f"{PREFIX}replica_ready", "1 while the replica is ready", labels=["replica"]),
             "draining": GaugeMetricFamily(f"{PREFIX}replica_draining", "1 while draining", labels=["replica"]),
             "inflight": GaugeMetricFamily(f"{PREFIX}inflight_requests", "Requests being proxied", labels=["replica"]),
+            "pressure": GaugeMetricFamily(
+                f"{PREFIX}replica_pressure",
+                "1 for the reason the router's own fast loop quarantines the replica (the operator's quarantine "
+                "not included), 0 for the other reasons",
+                labels=["replica", "reason"],
+            ),
         }
         for r in self._replicas():
             gauges["live_sessions"].add_metric([r.name], r.live)
@@ -61,6 +79,11 @@ class _TableCollector(Collector):
             gauges["ready"].add_metric([r.name], float(r.ready))
             gauges["draining"].add_metric([r.name], float(r.draining))
             gauges["inflight"].add_metric([r.name], r.inflight)
+            reasons = list(PRESSURE_REASONS)
+            if r.pressure is not None and r.pressure not in reasons:
+                reasons.append(r.pressure)  # a reason added later is exposed, not hidden
+            for reason in reasons:
+                gauges["pressure"].add_metric([r.name, reason], float(reason == r.pressure))
         yield from gauges.values()
         depth = GaugeMetricFamily(f"{PREFIX}queue_depth", "New sessions waiting for a slot")
         depth.add_metric([], self._queue_depth())

@@ -175,7 +175,9 @@ class SessionManager:
 
     def _gauges(self) -> Iterator[ReplicaGauges]:
         for r in self.table.replicas.values():
-            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight)
+            own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
+            pressure = (own.pressure.reason or "Unknown") if own and own.pressure.quarantined else None
+            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure)
 
     # -- placement and admission -------------------------------------------------------
 
