@@ -94,6 +94,15 @@ class ReplicaStatus(StatusModel):
     reason: str | None = None
     """Why the replica is quarantined or draining."""
 
+    router_quarantined: bool = False
+    """Whether a router quarantines the replica by itself (its fast loop); routers obey ``quarantined``, not this."""
+
+    router_reason: str | None = None
+    """Why a router quarantines the replica (``Evicting``, ``Preempting``, ``Queueing``)."""
+
+    router_quarantined_at: datetime | None = None
+    """When a router last reported the quarantine: shown until 15 s after that, unless no router answers."""
+
     cap_changed_at: datetime | None = None
     """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""
 
@@ -129,7 +138,7 @@ class RolloutPoolStatus(StatusModel):
     """New sessions waiting in the router for a free slot."""
 
     quarantined_replicas: int = Field(default=0, ge=0)
-    """Replicas currently quarantined."""
+    """Replicas currently quarantined, by the operator (``quarantined``) or a router (``routerQuarantined``)."""
 
     replica_status: list[ReplicaStatus] = Field(default_factory=list)
     """One entry per replica."""

@@ -1,8 +1,8 @@
 """One reconcile pass of a RolloutPool: observe -> decide (pure ``reconcile``) -> act.
 
 Observe: the pool, its engine pods, its router Deployment and router pods, the routers'
-live sessions (``read_router_stats`` on the router pods' IPs) and, when the slow loop is
-due, Prometheus. Decide: ``parse_spec``, ``router_objects``, ``desired_engine_pods``,
+live sessions and their own fast quarantines (``read_router_stats`` on the router pods' IPs)
+and, when the slow loop is due, Prometheus. Decide: ``parse_spec``, ``router_objects``, ``desired_engine_pods``,
 ``plan_engines``, ``plan_controls``, ``build_status``, ``events_between`` — all pure.
 Act: apply the router objects, drain/delete/create engine pods, write the status through
 the ``/status`` subresource when it changed, post Events for what changed.
@@ -204,6 +204,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
         signals=signals,
         plan=plan,
         router_deployment=deployment,
+        router_quarantined=stats.quarantined if stats.reachable else None,
     )
     if not await _write(context, pool, previous, status, error):
         return None

@@ -15,6 +15,7 @@ __all__ = [
     "EventType",
     "events_between",
     "find_condition",
+    "quarantine_detail",
     "quarantine_word",
     "set_condition",
 ]
@@ -57,6 +58,21 @@ def quarantine_word(reason: str | None) -> str:
     return _WORDS.get(reason, reason[:1].lower() + reason[1:])
 
 
+def quarantine_detail(entry: ReplicaStatus) -> str:
+    """Why and by whom a replica is quarantined, for messages (pure).
+
+    ``evicting`` (the operator's decision, which the routers obey), ``evicting; router`` (a router's
+    own fast quarantine), ``evicting; operator and router``, or ``draining; router: evicting``.
+    """
+    operator = quarantine_word(entry.reason) if entry.quarantined else None
+    router = quarantine_word(entry.router_reason) if entry.router_quarantined else None
+    if router is None:
+        return operator or "not quarantined"
+    if operator is None:
+        return f"{router}; router"
+    return f"{operator}; operator and router" if operator == router else f"{operator}; router: {router}"
+
+
 def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
     """The condition of a type, if present (pure)."""
     return next((c for c in conditions if c.type == type_), None)
@@ -96,6 +112,11 @@ def _pressure(entry: ReplicaStatus | None) -> bool:
     return entry is not None and entry.quarantined and entry.reason not in _LIFECYCLE
 
 
+def _held(entry: ReplicaStatus | None) -> bool:
+    """Quarantined for pressure, by the operator's law or by a router's fast loop."""
+    return _pressure(entry) or (entry is not None and entry.router_quarantined)
+
+
 def _drain_events(name: str, before: ReplicaStatus | None, after: ReplicaStatus) -> list[EventIntent]:
     was_draining = before is not None and before.reason == "Draining"
     if after.reason == "Draining" and not was_draining:
@@ -115,9 +136,12 @@ def _drain_events(name: str, before: ReplicaStatus | None, after: ReplicaStatus)
 def events_between(previous: RolloutPoolStatus | None, current: RolloutPoolStatus) -> list[EventIntent]:
     """Events for what changed per replica from one status to the next (pure).
 
-    A replica quarantined or released by the control law, a cap that moved, a drain that
-    started or ended. Replicas that appear or disappear give no event (their pods' own events
-    tell that story); without a previous status there is nothing to compare.
+    A replica quarantined or released for pressure (by the control law or by a router: one
+    ``ReplicaQuarantined`` when the first of them quarantines it, one ``ReplicaReleased`` when the
+    last lets go; a router quarantine flapping every few seconds is smoothed by the status, which
+    keeps ``routerQuarantined`` for a while), a cap that moved, a drain that started or ended.
+    Replicas that appear or disappear give no event (their pods' own events tell that story);
+    without a previous status there is nothing to compare.
     """
     if previous is None:
         return []
@@ -129,10 +153,10 @@ def events_between(previous: RolloutPoolStatus | None, current: RolloutPoolStatu
         if old is None:
             continue
         events += _drain_events(name, old, after)
-        if _pressure(after) and not _pressure(old):
-            word = quarantine_word(after.reason)
-            events.append(EventIntent("ReplicaQuarantined", f"Quarantined {name} ({word})", "Warning", name))
-        elif _pressure(old) and not after.quarantined:
+        if _held(after) and not _held(old):
+            detail = quarantine_detail(after)
+            events.append(EventIntent("ReplicaQuarantined", f"Quarantined {name} ({detail})", "Warning", name))
+        elif _held(old) and not _held(after) and not after.quarantined:
             events.append(EventIntent("ReplicaReleased", f"Released {name} from quarantine", "Normal", name))
         if old.cap is not None and after.cap is not None and old.cap != after.cap:
             moved_by = after.cap_reason or after.reason

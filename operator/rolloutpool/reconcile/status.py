@@ -4,6 +4,12 @@ Counts, the per-replica table the router reads (cap, quarantine) and five condit
 ``Ready``, ``Progressing``, ``Degraded``, ``ReplicasQuarantined``, ``MetricsAvailable``.
 Conditions keep their ``lastTransitionTime`` unless their status flips. Events for what
 changed between two statuses come from ``events_between`` (re-exported here).
+
+Two quarantines per replica: ``quarantined``/``reason`` is the operator's decision (the control
+law, drains), which the routers obey; ``routerQuarantined``/``routerReason`` is what the routers
+report of their own fast loop (``rolloutpool_router_replica_pressure``), for people to see and
+never read back by the routers. The count, the ``ReplicasQuarantined`` condition and the Events
+cover both.
 """
 
 from __future__ import annotations
@@ -18,11 +24,20 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import estimated_kv_capacity_tokens
-from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_word, set_condition
+from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_detail, set_condition
 from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating
 from rolloutpool.reconcile.labels import engine_index, engine_selector
 
-__all__ = ["FAILING_REASONS", "EventIntent", "build_status", "events_between", "pod_problem", "spec_error_reason"]
+__all__ = [
+    "FAILING_REASONS",
+    "ROUTER_QUARANTINE_HOLD_SECONDS",
+    "EventIntent",
+    "build_status",
+    "events_between",
+    "pod_problem",
+    "router_quarantine",
+    "spec_error_reason",
+]
 
 FAILING_REASONS = frozenset(
     {
@@ -36,6 +51,13 @@ FAILING_REASONS = frozenset(
     }
 )
 """Container waiting reasons that mean the pod will not come up by itself."""
+
+ROUTER_QUARANTINE_HOLD_SECONDS = 15.0
+"""How long the status keeps a router's quarantine after the routers last reported it.
+
+A router lifts its fast quarantine when one of the replica's sessions ends and sets it again at
+the next eviction, so under load it can flap every few seconds; the status (and the Events that
+follow its changes) shows such a run as one quarantine."""
 
 _FIELD = re.compile(r"^(?:spec|metadata)(?:\.[A-Za-z0-9]+|\[\d+\])*\.(?P<leaf>[A-Za-z][A-Za-z0-9]*)(?:\[\d+\])?:")
 
@@ -68,6 +90,28 @@ def _utc(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, tz=UTC)
 
 
+def router_quarantine(
+    *, reported: Mapping[str, str] | None, name: str, old: ReplicaStatus | None, now: datetime, hold_seconds: float
+) -> tuple[bool, str | None, datetime | None]:
+    """``routerQuarantined``, ``routerReason`` and ``routerQuarantinedAt`` of one replica (pure).
+
+    ``reported`` maps replica -> reason for the replicas the answering routers quarantine by
+    themselves; None when no router answered: nothing is reported then, and nothing is kept (a
+    stale quarantine is never latched). A replica no router reports any more stays quarantined
+    until ``hold_seconds`` after the last report.
+    """
+    if reported is None:
+        return False, None, None
+    reason = reported.get(name)
+    if reason is not None:
+        return True, reason, now
+    if old is not None and old.router_quarantined and old.router_quarantined_at is not None:
+        elapsed = (now - old.router_quarantined_at).total_seconds()
+        if 0 <= elapsed < hold_seconds:
+            return True, old.router_reason, old.router_quarantined_at
+    return False, None, None
+
+
 def _replica_entry(
     *,
     pod: Mapping[str, Any],
@@ -78,6 +122,7 @@ def _replica_entry(
     old: ReplicaStatus | None,
     lifecycle: str | None,
     estimate: int | None,
+    router: tuple[bool, str | None, datetime | None],
 ) -> ReplicaStatus:
     name = str(pod["metadata"]["name"])
     reported = signals.kv_capacity_tokens if signals else None
@@ -107,6 +152,9 @@ def _replica_entry(
         kv_usage=None if usage is None or not math.isfinite(usage) else min(1.0, max(0.0, usage)),
         quarantined=quarantined,
         reason=reason,
+        router_quarantined=router[0],
+        router_reason=router[1],
+        router_quarantined_at=router[2],
         **law,
     )
 
@@ -182,9 +230,10 @@ def _verdicts(
         else ("Degraded", False, "AsExpected", "no engine pod is failing")
     )
 
-    held = [e for e in entries if e.quarantined]
-    pressure = any(e.reason not in ("Draining", "Drained", "DrainTimeout") for e in held)
-    listed = "".join(f"{', ' if i else ': '}{e.name} ({quarantine_word(e.reason)})" for i, e in enumerate(held))
+    held = [e for e in entries if e.quarantined or e.router_quarantined]
+    lifecycle = ("Draining", "Drained", "DrainTimeout")
+    pressure = any(e.router_quarantined or e.reason not in lifecycle for e in held)
+    listed = "".join(f"{', ' if i else ': '}{e.name} ({quarantine_detail(e)})" for i, e in enumerate(held))
     quarantined: _Verdict = (
         "ReplicasQuarantined",
         bool(held),
@@ -216,6 +265,8 @@ def build_status(
     signals: Mapping[str, ReplicaSignals | None] | None = None,
     plan: EnginePlan | None = None,
     router_deployment: Mapping[str, Any] | None = None,
+    router_quarantined: Mapping[str, str] | None = None,
+    router_hold_seconds: float = ROUTER_QUARANTINE_HOLD_SECONDS,
 ) -> RolloutPoolStatus:
     """The whole status of a pool from what was observed in this pass (pure).
 
@@ -223,7 +274,9 @@ def build_status(
     ``controls`` the control law's decision per pod (a pod without one keeps its previous cap);
     ``draining`` pod -> drain start; ``plan`` this pass's engine plan (drains starting and
     ending, outdated and missing pods); ``signals`` the engine metrics (KV capacity and usage);
-    ``router_deployment`` the observed router Deployment (``Ready`` needs it available).
+    ``router_deployment`` the observed router Deployment (``Ready`` needs it available);
+    ``router_quarantined`` replica -> reason for the replicas the answering routers quarantine by
+    themselves, None when no router answered (see :func:`router_quarantine`).
     With ``spec_error`` set, ``Ready`` is False with a reason naming the field.
     """
     meta = pool.get("metadata") or {}
@@ -256,6 +309,13 @@ def build_status(
                 old=old_entries.get(pod_name),
                 lifecycle=lifecycle,
                 estimate=estimate,
+                router=router_quarantine(
+                    reported=router_quarantined,
+                    name=pod_name,
+                    old=old_entries.get(pod_name),
+                    now=now,
+                    hold_seconds=router_hold_seconds,
+                ),
             )
         )
 
@@ -288,7 +348,7 @@ def build_status(
         selector=engine_selector(name),
         live_sessions=sum(e.live_sessions for e in entries),
         queued_sessions=max(0, queued_sessions),
-        quarantined_replicas=sum(1 for e in entries if e.quarantined),
+        quarantined_replicas=sum(1 for e in entries if e.quarantined or e.router_quarantined),
         replica_status=entries,
         conditions=conditions,
     )
