@@ -47,6 +47,7 @@ __all__ = [
     "parse_usage",
     "read_json_object",
     "session_key",
+    "upstream_timeout",
 ]
 
 _log = logging.getLogger(__name__)
@@ -103,6 +104,16 @@ async def read_json_object(
     if not isinstance(body, dict):
         return error_response(400, "The request body must be a JSON object.")
     return body
+
+
+def upstream_timeout(config: RouterConfig) -> aiohttp.ClientTimeout:
+    """Timeouts of a request to a replica: connect, then each read (a stream may run long; no total)."""
+    return aiohttp.ClientTimeout(
+        total=None,
+        connect=config.upstream_connect_timeout_s,
+        sock_connect=config.upstream_connect_timeout_s,
+        sock_read=config.upstream_timeout_s,
+    )
 
 
 def admission_response(exc: AdmissionError, config: RouterConfig) -> web.Response:
@@ -174,13 +185,7 @@ class Proxy:
         """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
         self.config = manager.config
         self.metrics = manager.metrics
-        cfg = self.config
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=cfg.upstream_connect_timeout_s,
-            sock_connect=cfg.upstream_connect_timeout_s,
-            sock_read=cfg.upstream_timeout_s,
-        )
+        self._timeout = upstream_timeout(self.config)
 
     def attach(self, client: aiohttp.ClientSession) -> None:
         """Use ``client`` for upstream requests (set at startup, inside the event loop)."""

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from rolloutpool.router.proxy import parse_usage
+from rolloutpool.router.proxy import parse_usage, upstream_timeout
 from rolloutpool.router.renewal_body import renewal_body
 from rolloutpool.router.sessions import SessionManager, Usage
 from rolloutpool.router.types import JSONObject
@@ -71,13 +71,7 @@ class Renewer:
         self._limit = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: aiohttp.ClientSession | None = None
-        cfg = manager.config
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=cfg.upstream_connect_timeout_s,
-            sock_connect=cfg.upstream_connect_timeout_s,
-            sock_read=cfg.upstream_timeout_s,
-        )
+        self._timeout = upstream_timeout(manager.config)
         manager.on_forget = self.forget
 
     def attach(self, client: aiohttp.ClientSession) -> None:
