@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import yaml
 
@@ -16,21 +18,28 @@ from rolloutpool.router.app import ROUTER
 from routerkit import ROUTER_DEFAULTS, engines, eventually, serve
 
 
-def _status_of(cluster: LocalCluster, pool: str, replicas: list[dict[str, object]]) -> None:
+@contextmanager
+def _watched_pool(cluster: LocalCluster, name: str) -> Iterator[PoolWatch]:
+    """The example pool applied as ``name``, and a watch on it; both gone afterwards, even on failure."""
+    pool = load_example("simulated-pool.yaml")
+    pool["metadata"] = {"name": name, "namespace": "default"}
+    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool))
+    watch = PoolWatch(api_client(str(cluster.kubeconfig)), namespace="default", name=name, timeout_seconds=5)
+    try:
+        yield watch
+    finally:
+        watch.stop()
+        assert watch.join(15), "the pool watch thread did not stop"
+        cluster.kubectl("delete", f"rp/{name}", "-n", "default")
+
+
+def _status(cluster: LocalCluster, pool: str, replicas: list[dict[str, object]]) -> None:
     patch = json.dumps({"status": {"replicaStatus": replicas}})
     cluster.kubectl("patch", f"rp/{pool}", "-n", "default", "--subresource=status", "--type=merge", "-p", patch)
 
 
-def _status(cluster: LocalCluster, replicas: list[dict[str, object]]) -> None:
-    _status_of(cluster, "limits", replicas)
-
-
 async def test_operator_caps_and_quarantine_combine_with_the_routers(cluster: LocalCluster) -> None:
-    pool = load_example("simulated-pool.yaml")
-    pool["metadata"] = {"name": "limits", "namespace": "default"}
-    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool))
-    watch = PoolWatch(api_client(str(cluster.kubeconfig)), namespace="default", name="limits", timeout_seconds=5)
-    try:
+    with _watched_pool(cluster, "limits") as watch:
         async with engines(2) as urls:
             specs = tuple(ReplicaSpec(f"limits-engine-{i}", url) for i, url in enumerate(urls.values()))
             app = build_router(RouterConfig(replicas=specs, cap=10, **ROUTER_DEFAULTS), limits=watch.events)
@@ -39,6 +48,7 @@ async def test_operator_caps_and_quarantine_combine_with_the_routers(cluster: Lo
                 await eventually(lambda: table.replicas["limits-engine-0"].cap == 10)
                 _status(
                     cluster,
+                    "limits",
                     [
                         {"name": "limits-engine-0", "index": 0, "cap": 3},
                         {"name": "limits-engine-1", "index": 1, "cap": 50, "quarantined": True, "reason": "Evicting"},
@@ -49,22 +59,14 @@ async def test_operator_caps_and_quarantine_combine_with_the_routers(cluster: Lo
                 await eventually(lambda: table.replicas["limits-engine-0"].cap == 3)
                 await eventually(lambda: table.replicas["limits-engine-1"].quarantined)
                 assert table.replicas["limits-engine-1"].cap == 10
-                _status(cluster, [])
+                _status(cluster, "limits", [])
                 await eventually(lambda: not table.replicas["limits-engine-1"].quarantined)
                 assert table.replicas["limits-engine-0"].cap == 10
-    finally:
-        watch.stop()
-        assert watch.join(15), "the pool watch thread did not stop"
-        cluster.kubectl("delete", "rp/limits", "-n", "default")
 
 
 async def test_the_operators_cap_replaces_a_cap_the_router_only_derived(cluster: LocalCluster) -> None:
     """A router deployed by the operator derives its cap from expectedResidency; the law's cap may exceed it."""
-    pool = load_example("simulated-pool.yaml")
-    pool["metadata"] = {"name": "derived", "namespace": "default"}
-    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pool))
-    watch = PoolWatch(api_client(str(cluster.kubeconfig)), namespace="default", name="derived", timeout_seconds=5)
-    try:
+    with _watched_pool(cluster, "derived") as watch:
         async with engines(1) as urls:
             specs = (ReplicaSpec("derived-engine-0", next(iter(urls.values()))),)
             config = RouterConfig(replicas=specs, max_model_len=4096, cap_ceiling=24, **ROUTER_DEFAULTS)
@@ -73,13 +75,9 @@ async def test_the_operators_cap_replaces_a_cap_the_router_only_derived(cluster:
             async with serve(app):
                 # 32,768 KV tokens / (4,096 x residency 0.5) x (1 - headroom 0.1) = 14
                 await eventually(lambda: replica.cap == 14)
-                _status_of(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 20}])
+                _status(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 20}])
                 await eventually(lambda: replica.cap == 20)  # above the derived 14: the law found room
-                _status_of(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 30}])
+                _status(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 30}])
                 await eventually(lambda: replica.cap == 24)  # maxSessionsPerReplica stays a hard limit
-                _status_of(cluster, "derived", [])
+                _status(cluster, "derived", [])
                 await eventually(lambda: replica.cap == 14)  # no decision: the router's own guess again
-    finally:
-        watch.stop()
-        assert watch.join(15), "the pool watch thread did not stop"
-        cluster.kubectl("delete", "rp/derived", "-n", "default")
