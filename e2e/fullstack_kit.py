@@ -49,6 +49,7 @@ __all__ = [
     "pod_ready",
     "poll_samples",
     "processes_under",
+    "quarantined_by",
     "replica_metric",
     "replica_of",
     "restarts",
@@ -81,6 +82,20 @@ def condition(pool: dict[str, Any], kind: str) -> dict[str, Any]:
         if c.get("type") == kind:
             return dict(c)
     return {}
+
+
+def quarantined_by(pool: dict[str, Any]) -> dict[str, list[str]]:
+    """Who quarantines each replica per the pool's status: replica -> ``operator`` and/or ``router``.
+
+    ``operator`` is ``quarantined`` (what the routers obey: the control law or a drain); ``router`` is
+    ``routerQuarantined`` (a router's own fast loop, as the routers report it).
+    """
+    held: dict[str, list[str]] = {}
+    for entry in (pool.get("status") or {}).get("replicaStatus") or []:
+        by = [who for who, key in (("operator", "quarantined"), ("router", "routerQuarantined")) if entry.get(key)]
+        if by:
+            held[entry["name"]] = by
+    return held
 
 
 def engine_pods(stack: LocalStack, pool: str, *, namespace: str = "default") -> dict[str, dict[str, Any]]:

@@ -7,7 +7,8 @@ tests run in file order; each starts by waiting until the pool is quiet (ready, 
 nothing quarantined) and leaves it that way, except the last, which uninstalls everything:
 
 - the operator pod runs under its own ServiceAccount; ``kubectl wait`` sees the pool Ready;
-- rollouts through the router push replicas into KV pressure: ``ReplicasQuarantined``, then clear;
+- rollouts through the router push replicas into KV pressure: ``ReplicasQuarantined`` (by the operator's
+  control law, a router's fast loop, or both), then clear;
 - Prometheus stopped: ``MetricsAvailable=False`` (``PrometheusUnreachable``), floor caps, recovery;
 - an engine SIGKILLed mid-run: restarted, the router stops placing there, its rollouts go on elsewhere;
 - the router crashed (snapshot restored) and its pod deleted (table rebuilt): never double counted;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -53,6 +55,7 @@ from fullstack_kit import (
     pod_ready,
     poll_samples,
     processes_under,
+    quarantined_by,
     replica_metric,
     replica_of,
     restarts,
@@ -175,24 +178,30 @@ def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
 ) -> None:
     _quiet(stack)
     url = _router(stack)
-    quarantined = '{.status.conditions[?(@.type=="ReplicasQuarantined")].status}'
+    sources: dict[str, set[str]] = {}  # who quarantined whom, over every status seen under load
+
+    def seen(pool: dict[str, Any]) -> dict[str, Any]:
+        for replica, by in quarantined_by(pool).items():
+            sources.setdefault(replica, set()).update(by)
+        return pool
+
+    def held_now() -> dict[str, Any] | None:  # the pool object that says so: no race with a later read
+        pool = seen(stack.pool(POOL))
+        return pool if condition(pool, "ReplicasQuarantined").get("status") == "True" else None
+
     with RpWatch(stack, tmp_path / "get-rp-w.txt") as watch:
         load = LoadRun(url, in_flight=IN_FLIGHT, seconds=240, time_scale=TIME_SCALE, prefix="pressure")
         try:
-            wait_until(
-                "ReplicasQuarantined=True",
-                lambda: _kubectl(stack, "get", "rp", POOL, "-o", f"jsonpath={quarantined}") == "True",
-                timeout=200,
-                interval=1.0,
-            )
-            at_quarantine = stack.pool(POOL)
+            started = time.monotonic()
+            at_quarantine: dict[str, Any] = wait_until("ReplicasQuarantined=True", held_now, timeout=200, interval=1.0)
+            print(f"load started -> ReplicasQuarantined=True: {time.monotonic() - started:.1f}s")
             describe_quarantined = _kubectl(stack, "describe", "rp", POOL)
             # keep the load a little longer: the law may lift the quarantine under load (only its cutting
-            # step quarantines) or hold it until the pressure is gone
+            # step quarantines) or hold it until the pressure is gone; the routers' fast loops come and go
             with contextlib.suppress(TimeoutError):
                 wait_until(
                     "the quarantine lifted under load",
-                    lambda: _kubectl(stack, "get", "rp", POOL, "-o", f"jsonpath={quarantined}") == "False",
+                    lambda: condition(seen(stack.pool(POOL)), "ReplicasQuarantined").get("status") == "False",
                     timeout=20,
                     interval=1.0,
                 )
@@ -211,23 +220,36 @@ def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
         time.sleep(3)  # the watch prints the last status change
         excerpt = watch.stop()
 
-    held = [r for r in at_quarantine["status"]["replicaStatus"] if r["quarantined"]]
-    assert held, at_quarantine["status"]
-    assert all(r["reason"] for r in held), at_quarantine["status"]
+    # the law quarantines only on a severe cut, which a run may not reach; the routers' fast loops
+    # quarantine on every live-prefix eviction: either one must show, and says it was them
+    first = quarantined_by(at_quarantine)
+    by = sorted({who for whos in sources.values() for who in whos})
+    print(f"quarantined by {' and '.join(by)}: first {first}, over the run {sorted(sources.items())}")
+    assert first, at_quarantine["status"]
+    entries = {r["name"]: r for r in at_quarantine["status"]["replicaStatus"]}
+    for replica, whos in first.items():
+        entry = entries[replica]
+        assert "operator" not in whos or entry.get("reason"), entry
+        assert "router" not in whos or entry.get("routerReason"), entry
     message = condition(at_quarantine, "ReplicasQuarantined")
     assert message["reason"] == "KVPressure", message
-    assert held[0]["name"] in message["message"], message
-    assert not any(r["quarantined"] for r in released["status"]["replicaStatus"])
+    for replica in first:
+        assert replica in message["message"], message
+    named = re.search(r"router[):]", message["message"]) is not None  # "(evicting; router)", "(... router: evicting)"
+    assert named == any("router" in whos for whos in first.values()), message
+    assert at_quarantine["status"]["quarantinedReplicas"] == len(first), at_quarantine["status"]
+    assert not quarantined_by(released), released["status"]
     assert "ReplicaQuarantined" in describe_released, describe_released
     assert "ReplicaReleased" in describe_released, describe_released
     lines = excerpt.splitlines()
     assert lines[0].split() == ["NAME", "REPLICAS", "READY", "SESSIONS", "QUARANTINED", "AGE"], excerpt
     column = [line.split()[4] for line in lines[1:]]
-    assert "1" in column or "2" in column, excerpt
+    assert any(n != "0" for n in column), excerpt
     assert column[-1] == "0", excerpt
     stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, e2e/test_fullstack_e2e.py"
     (DOCS / "fullstack-get-rp-w.txt").write_text(
-        f"# kubectl get rp -w  ({stamp}: {IN_FLIGHT} rollouts, then the load stops)\n{excerpt}"
+        f"# kubectl get rp -w  ({stamp}: {IN_FLIGHT} rollouts, then the load stops; quarantined by {' and '.join(by)})"
+        f"\n{excerpt}"
     )
     (DOCS / "fullstack-describe-rp.txt").write_text(
         f"# kubectl describe rp {POOL}  ({stamp})\n\n## while a replica is quarantined\n\n{describe_quarantined}"
