@@ -101,8 +101,8 @@ def pool_table(pool: dict[str, Any]) -> Group:
             str(r.get("liveSessions", 0)),
             str(r.get("cap", "-")),
             "-" if usage is None else f"{usage:.0%}",
-            "[red]yes[/]" if r.get("quarantined") else "no",
-            r.get("reason") or "",
+            _quarantine_cell(r),
+            r.get("reason") or r.get("routerReason") or "",
         )
     conditions = Table("condition", "status", "reason", "message", box=None)
     for c in status.get("conditions") or []:
@@ -113,6 +113,12 @@ def pool_table(pool: dict[str, Any]) -> Group:
             c.get("type", "?"), f"[{colour}]{c.get('status')}[/]", c.get("reason", ""), c.get("message", "")
         )
     return Group(head, replicas, conditions)
+
+
+def _quarantine_cell(replica: dict[str, Any]) -> str:
+    """Who quarantines a replica: the operator's law, a router's fast loop, both, or nobody (pure)."""
+    by = [who for who, key in (("operator", "quarantined"), ("router", "routerQuarantined")) if replica.get(key)]
+    return f"[red]yes[/] ({' and '.join(by)})" if by else "no"
 
 
 @dataclass
@@ -147,7 +153,7 @@ def _plot(phases: DemoPhases, out: Path) -> Path:
             s["t"].append(sample["t"])
             s["live"].append(r.get("liveSessions", 0))
             s["cap"].append(r.get("cap") or 0)
-            s["q"].append(1.0 if r.get("quarantined") else 0.0)
+            s["q"].append(1.0 if r.get("quarantined") or r.get("routerQuarantined") else 0.0)
     fig, axes = plt.subplots(len(series) or 1, 1, figsize=(9, 2.2 * max(1, len(series))), sharex=True, squeeze=False)
     for ax, (name, s) in zip(axes[:, 0], sorted(series.items()), strict=False):
         ax.plot(s["t"], s["live"], label="live sessions")
