@@ -256,6 +256,7 @@ def _assert_caches_fresh(engine: Engine) -> None:
     assert engine._kv == sum(r.num_computed for r in running)
     for req in running:
         assert req.held_blocks == -(-req.num_computed // BS)
+        assert req.n_hashed == min(req.num_computed // BS, len(req.hashes))  # every full block sealed
     if engine._fins is not None:
         clock = engine._clock
         left = [min(r.max_tokens - r.num_output, engine.config.max_model_len - r.seq_len) for r in running]

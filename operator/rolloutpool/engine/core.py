@@ -374,10 +374,17 @@ class Engine:
         need = self._decode_blocks_needed(steps)
         if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
             raise RuntimeError("decode_run asked for more steps than blocks allow")
+        # below a block of steps, a request whose (num_computed - 1) % bs stays clear of the
+        # block edges neither fills a block nor starts one: only its counters move
+        edge = steps if steps < bs else bs
+        last = bs - 1
         for req in running:  # the loop of step() with its seal, inlined: this is the hot path
             computed = req.num_computed + steps
             req.num_computed = computed
             req.num_output += steps
+            phase = (computed - 1) % bs
+            if phase >= edge and phase != last:
+                continue
             full = computed // bs
             n_hashed = req.n_hashed
             if n_hashed < full:
