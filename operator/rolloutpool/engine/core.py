@@ -17,11 +17,15 @@ Behaviours copied from vLLM's V1 scheduler (DESIGN section 5):
 Time is not read here: :meth:`Engine.step` returns the step's duration from the cost
 model, and the caller (fleet simulator or HTTP server) owns the clock. For speed,
 :meth:`Engine.decode_run` advances many pure-decode steps at once when nothing can
-change the batch in between; its result is identical to repeated single steps.
+change the batch in between; its result is identical to repeated single steps. The
+engine keeps the batch's KV sum and a decode cache (each request's last step and block
+phase) up to date as it goes, so planning a run costs little more than the run itself;
+``tests/test_engine.py`` checks both against a recomputation after every step.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,7 +193,7 @@ class Engine:
 
     def step(self) -> StepOutcome:
         """Schedule and execute one engine step."""
-        self._fins = None
+        fins, self._fins = self._fins, None
         bs, pool = self._bs, self.pool
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
@@ -216,9 +220,42 @@ class Engine:
             scheduled.append((req, n_new))
             budget -= n_new
             i += 1
-        if not preempted:
-            budget = self._admit(budget, scheduled)
-        return self._execute(scheduled, preempted)
+        if preempted:
+            return self._execute(scheduled, preempted)
+        self._admit(budget, scheduled)
+        out = self._execute(scheduled, preempted)
+        if fins is not None and i == len(fins):  # every cached request decoded one token
+            self._step_decode_cache(fins, [req for req, _ in scheduled[i:]], out.finished)
+        return out
+
+    def _step_decode_cache(self, fins: list[int], admitted: list[Request], finished: list[Request]) -> None:
+        """Carry the decode cache over a step in which every cached request decoded one token.
+
+        The step is one more tick of the cache's clock for them; the ones it finished
+        leave, and the requests it admitted join if they are decoding now.
+        """
+        bs, counts = self._bs, self._phase_counts
+        clock = self._clock + 1
+        self._clock = clock
+        new = {id(req) for req in admitted}
+        ended = {id(req) for req in finished}
+        done = 0
+        for req in finished:
+            if id(req) not in new:
+                done += 1
+                counts[(req.num_computed - 1 - clock) % bs] -= 1
+        del fins[:done]  # their last step was this one: the front of the list
+        model_len = self.config.max_model_len
+        for req in admitted:
+            if id(req) in ended:
+                continue
+            out = req.num_output
+            seq_len = req.prompt_len + out
+            if seq_len - req.num_computed != 1 or out == 0:
+                return  # still in prefill: the cache stays dropped
+            bisect.insort(fins, clock + min(req.max_tokens - out, model_len - seq_len))
+            counts[(req.num_computed - 1 - clock) % bs] += 1
+        self._fins = fins
 
     def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
         bs, pool = self._bs, self.pool
