@@ -117,6 +117,23 @@ def test_session_aware_co_locates_a_group_while_it_fits() -> None:
     assert policy.choose(Placement("d", group="g"), table) != first
 
 
+def test_co_location_yields_to_balance_beyond_the_slack() -> None:
+    """A GRPO group of 16 on an underloaded fleet: packing it on one replica unbalances decode batches."""
+    placed: dict[int | None, Counter[str]] = {}
+    for slack in (2, None):
+        table = _table(4, cap=100)
+        policy = SessionAware(balance_slack=slack)
+        for i in range(16):
+            replica = policy.choose(Placement(f"m{i}", group="g"), table)
+            assert replica is not None
+            table.bind(f"m{i}", replica, now=0, group="g")
+        placed[slack] = Counter(r.name for r in table.replicas.values() for _ in r.sessions)
+    assert max(placed[2].values()) - min(placed[2].values()) <= 3  # within the slack (+1 for the member placed)
+    assert max(placed[2].values()) >= 3  # ...but still in chunks that share the group's prompt
+    assert placed[None] == {"r0": 16}  # without a slack the whole group packs onto one replica
+    assert SessionAware().balance_slack == 2
+
+
 def test_clairvoyant_packs_by_projected_tokens() -> None:
     table = _table(2, kv=10_000)
     policy = Clairvoyant(headroom=0.0)

@@ -152,27 +152,33 @@ class SessionAware:
     """Ours: fewest live sessions among replicas under their cap and not quarantined.
 
     With a group hint, a replica already holding members of the group is preferred
-    while it is eligible (a GRPO group shares its prompt's cached blocks). When no
-    replica is eligible the session queues.
+    while it is eligible (a GRPO group shares its prompt's cached blocks) and holds at
+    most ``balance_slack`` live sessions more than the least loaded eligible replica:
+    packing a whole group onto one replica of an underloaded fleet unbalances the decode
+    batches, which costs more than prefilling the shared prompt once more elsewhere
+    (``None``: no limit). When no replica is eligible the session queues.
     """
 
     sticky = True
     capped = True
 
-    def __init__(self, *, co_locate_groups: bool = True) -> None:
+    def __init__(self, *, co_locate_groups: bool = True, balance_slack: int | None = 2) -> None:
         self.name = "rolloutpool"
         self.co_locate_groups = co_locate_groups
+        self.balance_slack = balance_slack
 
     def choose(self, request: Placement, table: SessionTable) -> str | None:
         eligible = [r for r in table.replicas.values() if r.accepts_new()]
         if not eligible:
             return None
+        least = min(eligible, key=lambda r: r.live)
         if self.co_locate_groups and request.group is not None:
             members = table.group_replicas(request.group)
-            grouped = [r for r in eligible if r.name in members]
+            slack = self.balance_slack
+            grouped = [r for r in eligible if r.name in members and (slack is None or r.live <= least.live + slack)]
             if grouped:
                 return min(grouped, key=lambda r: (r.live, -members[r.name])).name
-        return min(eligible, key=lambda r: r.live).name
+        return least.name
 
 
 class Clairvoyant:
