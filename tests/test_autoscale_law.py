@@ -20,8 +20,8 @@ from rolloutpool.autoscale import (
 P = LawParams(
     floor=10, ceiling=40, target_kv_usage=0.85, tolerance=0.05, cooldown_seconds=60, decrease_factor=0.8,
     increase_step=1, reprefill_tokens_per_s=2000, preemptions_per_s=0.01, waiting_threshold=1,
-    slow_start_factor=1.0, settle_seconds=180, probe_seconds=600, binding_slack=1, severe_factor=3.0,
-    quarantine_on="any", quarantine_holds=True,
+    slow_start_factor=1.0, slow_start_near_factor=1.0, settle_seconds=180, probe_seconds=600, binding_slack=1,
+    severe_factor=3.0, quarantine_on="any", quarantine_holds=True,
 )  # fmt: skip
 CALM = ReplicaSignals(kv_usage=0.5, preemptions_per_s=0.0, waiting=0, reprefill_tokens_per_s=0.0, live_sessions=20)
 EVICTING = replace(CALM, reprefill_tokens_per_s=5000.0)
@@ -107,7 +107,8 @@ def test_a_cut_learns_the_limit_and_raises_stop_under_it() -> None:
 
 def test_slow_start_raises_multiplicatively_until_the_first_pressure() -> None:
     params = replace(P, slow_start_factor=1.5)
-    first = decide_replica(previous=at(10), signals=replace(CALM, live_sessions=10), params=params, now=100)
+    far = replace(CALM, kv_usage=0.3, live_sessions=10)  # far from the cliff: the fast factor
+    first = decide_replica(previous=at(10), signals=far, params=params, now=100)
     assert first.cap == 15
     cut = decide_replica(previous=first, signals=replace(EVICTING, live_sessions=15), params=params, now=110)
     assert (cut.cap, cut.limit) == (14, 15)
@@ -146,9 +147,9 @@ def test_by_default_only_the_cutting_step_quarantines() -> None:
     params = LawParams(floor=10, ceiling=40)
     storm = replace(STORM, reprefill_tokens_per_s=50_000.0, live_sessions=30)
     cut = decide_replica(previous=at(30), signals=storm, params=params, now=100)
-    assert (cut.cap, cut.quarantined) == (21, True)
-    held = decide_replica(previous=cut, signals=replace(storm, live_sessions=25), params=params, now=115)
-    assert (held.cap, held.quarantined, held.reason) == (21, False, "LivePrefixEviction")
+    assert (cut.cap, cut.quarantined) == (25, True)  # x0.85
+    held = decide_replica(previous=cut, signals=replace(storm, live_sessions=27), params=params, now=115)
+    assert (held.cap, held.quarantined, held.reason) == (25, False, "LivePrefixEviction")
 
 
 def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> None:
@@ -157,11 +158,22 @@ def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> Non
     assert initial_cap(replace(params, initial=None)) == 10
     assert initial_cap(replace(params, initial=99)) == 40
     assert initial_cap(replace(params, initial=3)) == 10
-    calm = replace(CALM, live_sessions=20)
+    calm = replace(CALM, kv_usage=0.3, live_sessions=20)
     first = decide_replica(previous=None, signals=calm, params=params, now=0)
     assert (first.cap, first.reason) == (23, "Raised")  # slow start from 20: x1.15
     blind = decide_replica(previous=None, signals=None, params=params, now=0)
     assert (blind.cap, blind.reason) == (10, "NoMetrics")  # Prometheus down: the floor, as ever
+
+
+def test_the_slow_start_climbs_gently_once_kv_usage_is_past_the_near_mark() -> None:
+    params = LawParams(floor=10, ceiling=100, initial=20)
+    far = decide_replica(previous=None, signals=replace(CALM, kv_usage=0.3, live_sessions=20), params=params, now=0)
+    near = decide_replica(previous=None, signals=replace(CALM, kv_usage=0.6, live_sessions=20), params=params, now=0)
+    assert (far.cap, near.cap) == (23, 21)  # x1.15 far from the cliff, x1.08 near it
+    assert far.limit is None  # both still the slow start: no pressure seen yet
+    assert near.limit is None
+    busy = replace(CALM, kv_usage=0.6, live_sessions=50)
+    assert decide_replica(previous=at(50), signals=busy, params=params, now=100).cap == 54
 
 
 def test_a_replica_without_metrics_of_its_own_starts_at_or_drops_to_the_initial_cap() -> None:

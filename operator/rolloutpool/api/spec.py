@@ -224,7 +224,7 @@ class AutoscalingSpec(SpecModel):
     cooldown_seconds: int = Field(default=60, ge=0, le=86_400)
     """Minimum time between two cap changes of one replica (anti-flap)."""
 
-    decrease_factor: float = Field(default=0.7, ge=0.1, le=0.99)
+    decrease_factor: float = Field(default=0.85, ge=0.1, le=0.99)
     """Multiplicative cut of a cap on eviction or preemption."""
 
     increase_step: int = Field(default=1, ge=1, le=1000)

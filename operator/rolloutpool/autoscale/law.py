@@ -84,7 +84,7 @@ class LawParams:
     from it on measurements alone, and falls back to the floor whenever it is blind."""
     target_kv_usage: float = 0.85
     cooldown_seconds: float = 60.0
-    decrease_factor: float = 0.7
+    decrease_factor: float = 0.85
     """Multiplicative cut under severe pressure (``severe_factor``); milder pressure steps back once."""
     increase_step: int = 1
     tolerance: float = 0.05
@@ -100,7 +100,12 @@ class LawParams:
     rate_window_seconds: float = 120.0
     """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
     slow_start_factor: float = 1.15
-    """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``)."""
+    """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``) while KV
+    usage is under ``slow_start_near_usage``."""
+    slow_start_near_usage: float = 0.5
+    """KV usage from which the slow start climbs by ``slow_start_near_factor`` instead: nearer the cliff, whose
+    signal lags the cap by minutes, a fast climb overshoots into a storm."""
+    slow_start_near_factor: float = 1.08
     probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
     severe_factor: float = 5.0
@@ -280,7 +285,9 @@ def _raise(
         # minutes (sessions grow after admission), so stop climbing here and only probe from now on
         return replace(keep, limit=min(limit or current + step, current + step), limit_at=now, reason="Nearing")
     if limit is None:
-        raised = _clamp(max(current + step, math.floor(current * params.slow_start_factor)), params)
+        near = usage >= params.slow_start_near_usage
+        factor = params.slow_start_near_factor if near else params.slow_start_factor
+        raised = _clamp(max(current + step, math.floor(current * factor)), params)
         reason_raise, limit_at = "Raised", previous.limit_at
     elif current + step < limit:
         raised = _clamp(min(current + step, limit - 1), params)
