@@ -130,16 +130,16 @@ def run_sweep(
         ]
 
     per = {(n, ld): fleet_floor(c) // c.replicas for n, ld, c in configs}
-    coarse = [
-        j
-        for n, ld, c in configs
-        for j in fixed_jobs(n, ld, c, cap_grid(floor=per[n, ld], per_replica=c.in_flight / c.replicas, step=step))
-    ]
+    grid = {
+        (n, ld): cap_grid(floor=per[n, ld], per_replica=c.in_flight / c.replicas, step=step) for n, ld, c in configs
+    }
+    coarse = [j for n, ld, c in configs for j in fixed_jobs(n, ld, c, grid[n, ld])]
     laws = [(run_key(n, ld, None, c.duration_s, c.seed), Job(ld, ADAPTIVE, c)) for n, ld, c in configs]
     execute(coarse + (laws if adaptive else []))
     fine = []
     for n, ld, c in configs:
-        fixed = _fixed(runs, n, ld, c.duration_s, c.seed)
+        # refined around the best of the COARSE grid only, so a rerun plans the same runs (and finds them cached)
+        fixed = {cap: v for cap, v in _fixed(runs, n, ld, c.duration_s, c.seed).items() if cap in grid[n, ld]}
         fine += fixed_jobs(n, ld, c, _refine(fixed, per[n, ld]))
     execute(fine)
     return runs
