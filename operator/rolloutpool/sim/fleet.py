@@ -42,6 +42,8 @@ class _Traj:
     plan: Trajectory
     start: float
     chain: SegmentChain
+    proj: int
+    """Its largest context (``plan.final_context``), computed once."""
     turn: int = 0
     replica: str | None = None
     prev_replica: str | None = None
@@ -165,7 +167,8 @@ class _Fleet:
         plan = self.source.next(t)
         chain = SegmentChain()
         chain.extend(plan.group, plan.prompt_tokens)
-        self.trajs[plan.index] = _Traj(plan=plan, start=t, chain=chain)
+        proj = plan.final_context(self.cfg.scenario.max_model_len)
+        self.trajs[plan.index] = _Traj(plan=plan, start=t, chain=chain, proj=proj)
         self._push(t, _ARRIVE, plan.index)
 
     def _arrive(self, idx: int) -> None:
@@ -186,14 +189,11 @@ class _Fleet:
         self._bind(traj, replica)
         self._submit(traj, replica)
 
-    def _proj(self, traj: _Traj) -> int:
-        return traj.plan.final_context(self.cfg.scenario.max_model_len)
-
     def _placement(self, traj: _Traj) -> Placement:
         return Placement(
             str(traj.plan.index),
             group=str(traj.plan.group),
-            projected_tokens=self._proj(traj),
+            projected_tokens=traj.proj,
             prompt_tokens=traj.chain.length,
         )
 
@@ -214,7 +214,7 @@ class _Fleet:
             replica,
             now=self.now,
             group=str(traj.plan.group),
-            projected_tokens=self._proj(traj),
+            projected_tokens=traj.proj,
             prompt_tokens=traj.plan.prompt_tokens,
         )
         session.context_tokens = traj.chain.length
