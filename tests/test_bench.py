@@ -22,7 +22,7 @@ from rolloutpool.engine.tokenizer import render_chat, tokenize
 from rolloutpool.sim.workload import scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_ROUTER = shutil.which("vllm-router")
+VLLM_ROUTER = shutil.which("vllm-router") or shutil.which("vllm-router", path=str(Path(sys.executable).parent))
 
 
 # -- accounting (pure) -------------------------------------------------------------------
@@ -157,6 +157,7 @@ def test_tiny_bench_end_to_end_measures_every_router_and_leaves_no_process(tmp_p
         scrape_interval_s=0.2,
         out_dir=tmp_path,
         overhead=OverheadConfig(concurrency=2, rounds=1, slice_s=0.5),
+        vllm_router_bin=VLLM_ROUTER or "vllm-router",
     )
     assert config.resolved_in_flight == 16
     messages: list[str] = []

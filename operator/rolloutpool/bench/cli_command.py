@@ -115,10 +115,16 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
 
     chosen = routers or DEFAULT_ROUTERS
-    if any(r in VLLM_ROUTERS for r in chosen) and shutil.which(vllm_router_bin) is None:
-        raise click.UsageError(f"{vllm_router_bin!r} not found; `pip install vllm-router` or pick --router rolloutpool")
     if (kv_capacity_tokens // 16 - 1) * 16 < max_model_len:
         raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
+    if any(r in VLLM_ROUTERS for r in chosen):
+        # on PATH, or installed next to this Python (a venv's bin/ when the venv is not activated)
+        found = shutil.which(vllm_router_bin) or shutil.which(vllm_router_bin, path=str(Path(sys.executable).parent))
+        if found is None:
+            raise click.UsageError(
+                f"{vllm_router_bin!r} not found; `pip install vllm-router` or pick --router rolloutpool"
+            )
+        vllm_router_bin = found
     config = BenchConfig(
         scenario=scaled_scenario(scenario(scenario_name), context_scale=context_scale, max_model_len=max_model_len),
         routers=tuple(chosen),
