@@ -2,8 +2,8 @@
 
 Two engines named like a pool's pods sit behind a real ``rolloutpool router``; Prometheus
 scrapes all three with static targets labelled ``namespace``/``pod``. A multi-turn load of
-one GRPO group (co-located by the router on one engine) oversubscribes that engine's KV
-cache, so returning sessions find their prefixes evicted. The read must show the pressure
+one GRPO group (on one engine: the other is drained through the router's admin API)
+oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted. The read must show the pressure
 on that engine only, and the control law must cut its cap and quarantine it.
 """
 
@@ -32,6 +32,7 @@ NAMESPACE = "rl"
 ENGINES = ("rl-pool-engine-0", "rl-pool-engine-1")
 LEGACY = "rl-pool-engine-legacy"
 MODEL = "sim"
+ADMIN_TOKEN = "signals-e2e-admin-token"  # noqa: S105 - a test router's admin token
 WINDOW = 30.0
 # An older vLLM: KV usage only under its old name, and a cache_config_info of 100 blocks of 16.
 LEGACY_EXPOSITION = b"""\
@@ -104,7 +105,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             targets.append(StaticTarget(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": name}))
         port = free_port()
         replicas = [f"--replica={name}={url}" for name, url in engines.items()]
-        argv = rolloutpool_argv("router", f"--port={port}", "--scrape-interval=0.5", *replicas)
+        token = Path(logs) / "admin-token"
+        token.write_text(ADMIN_TOKEN)
+        argv = rolloutpool_argv(
+            "router", f"--port={port}", "--scrape-interval=0.5", f"--admin-token-file={token}", *replicas
+        )
         processes.start("router", argv, ready_url=f"http://127.0.0.1:{port}/readyz")
         targets.append(StaticTarget(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": "rl-pool-router-abc12"}))
         targets.append(StaticTarget(legacy, {"namespace": NAMESPACE, "pod": LEGACY}))
@@ -125,6 +130,16 @@ async def _turn(http: aiohttp.ClientSession, url: str, session: str, chat: list[
         replica = resp.headers["X-RolloutPool-Replica"]
     chat.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
     return replica
+
+
+async def drain(router: str, replica: str) -> None:
+    """Take ``replica`` out of placement through the router's admin API (it keeps serving and being scraped)."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{router}/admin/replicas/{replica}/drain", headers=headers) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
 
 
 async def drive_group(router: str, *, sessions: int, turns: int, observation_words: int, tool_s: float) -> set[str]:
@@ -172,10 +187,11 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
             assert s.sampled_at is not None
             assert abs(time.time() - s.sampled_at) < 10
 
+        # all the pressure on one engine: the other is drained (placement would spread a group of 6 over both)
+        hot, idle = ENGINES
+        await drain(fleet.router, idle)
         used = await drive_group(fleet.router, sessions=6, turns=6, observation_words=220, tool_s=0.7)
-        assert len(used) == 1, "the router co-locates the group on one engine"
-        (hot,) = used
-        (idle,) = set(ENGINES) - used
+        assert used == {hot}, "the drained engine took no session"
 
         def pressure_seen(signals: dict[str, ReplicaSignals | None]) -> bool:
             s = signals[hot]
