@@ -172,10 +172,15 @@ def decide_unobserved(*, previous: ReplicaControl | None, params: LawParams, now
     start = initial_cap(params)
     if previous is None:
         return ReplicaControl(cap=start)
-    if previous.cap <= start and not previous.quarantined:
-        return previous
+    return _without_signals(previous, held=previous.cap, most=start, now=now)
+
+
+def _without_signals(previous: ReplicaControl, *, held: int, most: int, now: float) -> ReplicaControl:
+    """No signals: keep ``held`` (unquarantined) up to ``most``, else drop to it; a change restarts the cooldown."""
+    if held <= most and not previous.quarantined:
+        return previous if held == previous.cap else replace(previous, cap=held)
     return ReplicaControl(
-        cap=min(previous.cap, start), changed_at=now, quarantined=False, reason="NoMetrics",
+        cap=min(held, most), changed_at=now, quarantined=False, reason="NoMetrics",
         limit=previous.limit, limit_at=previous.limit_at,
     )  # fmt: skip
 
@@ -249,13 +254,8 @@ def decide_replica(
     if previous is None:
         previous = ReplicaControl(cap=initial_cap(params))
     current = _clamp(previous.cap, params)
-    if signals is None:
-        if current == params.floor and not previous.quarantined:
-            return replace(previous, cap=current)
-        return ReplicaControl(
-            cap=params.floor, changed_at=now, quarantined=False, reason="NoMetrics",
-            limit=previous.limit, limit_at=previous.limit_at,
-        )  # fmt: skip
+    if signals is None:  # blind: the floor
+        return _without_signals(previous, held=current, most=params.floor, now=now)
     reason = pressure_reason(signals, params)
     if reason is not None:
         return _cut(previous=previous, current=current, signals=signals, reason=reason, params=params, now=now)

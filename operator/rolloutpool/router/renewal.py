@@ -97,9 +97,8 @@ class Renewer:
 
     def turn_ended(self, session: Session) -> None:
         """A request of the session is over: once none is in flight, its idle period starts."""
-        sid = session.session_id
-        if self.manager.is_current(session) and not self.manager.busy(sid) and sid in self.records:
-            self.clock.idle(sid, now=self.manager.clock())
+        if self.manager.is_current(session) and session.session_id in self.records:
+            self._idle_again(session)
 
     def forget(self, session_id: str) -> None:
         """The session is no longer live: never renew it."""

@@ -98,8 +98,8 @@ class _Fleet:
         self.pressure = {n: PressureState(config.quarantine) for n in self.names}
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         self.use_quarantine = isinstance(policy, SessionAware)
-        renew = config.renew_every_s is not None and isinstance(policy, SessionAware)
-        self.renewals = SimRenewals(RenewalConfig(config.renew_every_s or 1.0)) if renew else None
+        every = config.renew_every_s if isinstance(policy, SessionAware) else None  # renewal is our policy's
+        self.renewals = None if every is None else SimRenewals(RenewalConfig(every))
         self.source = TrajectorySource(config.scenario, config.seed)
         self.trajs: dict[int, _Traj] = {}
         self.queue: deque[int] = deque()
