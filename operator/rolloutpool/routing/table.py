@@ -45,7 +45,7 @@ class ReplicaState:
         return self.cap is None or self.live < self.cap
 
 
-@dataclass
+@dataclass(slots=True)
 class Session:
     """One live session."""
 
@@ -59,6 +59,12 @@ class Session:
     """Largest context it will reach, if known (clairvoyant placement)."""
     prompt_tokens: int = 0
     """Prompt tokens of its first turn, if known."""
+    inflight: int = 0
+    """Its requests being served (a session with one in flight is never idle)."""
+    one_turn: bool = False
+    """A request without a session id: released when its turn ends."""
+    release_how: str | None = None
+    """Set when its release was asked for while a request was in flight: released when the last one ends."""
 
 
 class SessionTable:
