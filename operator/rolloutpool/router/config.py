@@ -15,9 +15,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 
-__all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "parse_replica", "resolve_cap"]
+__all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica", "resolve_cap"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +186,13 @@ def resolve_cap(config: RouterConfig, spec: ReplicaSpec, *, capacity_tokens: int
     or unlimited (``None``). A thin wrapper of :func:`~rolloutpool.routing.caps.effective_cap`.
     """
     return effective_cap(cap_rule(config), replica_cap=spec.cap, capacity_tokens=capacity_tokens)
+
+
+def ledger_config(config: RouterConfig) -> LedgerConfig:
+    """The ledger settings of a router configuration (pure)."""
+    return LedgerConfig(
+        caps=cap_rule(config),
+        quarantine=config.quarantine,
+        queue_max=config.queue_max,
+        default_block_size=config.default_block_size,
+    )

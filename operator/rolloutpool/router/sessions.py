@@ -18,7 +18,14 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from rolloutpool.router.config import ReplicaSpec, RouterConfig, cap_rule
+from rolloutpool.router.admission import (
+    AdmissionError,
+    QueueFullError,
+    QueueTimeoutError,
+    ReleasedWhileQueuedError,
+    ShuttingDownError,
+)
+from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
@@ -32,7 +39,7 @@ from rolloutpool.routing.events import (
     Released,
     Withdrawn,
 )
-from rolloutpool.routing.ledger import Ledger, LedgerConfig, ReplicaLimits, Usage
+from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
@@ -49,26 +56,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-class AdmissionError(Exception):
-    """A new session could not be placed."""
-
-
-class QueueFullError(AdmissionError):
-    """The admission queue is full (answered 429)."""
-
-
-class QueueTimeoutError(AdmissionError):
-    """The session waited ``queue_timeout_s`` without a slot (answered 503)."""
-
-
-class ShuttingDownError(AdmissionError):
-    """The router is stopping (answered 503)."""
-
-
-class ReleasedWhileQueuedError(AdmissionError):
-    """The session was released while it waited in the queue (answered 503; it holds no slot)."""
 
 
 @dataclass
@@ -105,16 +92,6 @@ class ReplicaRuntime:
     def operator(self) -> OperatorLimit | None:
         """Cap and quarantine the operator wrote into the RolloutPool status, if any."""
         return self.limits.operator
-
-
-def ledger_config(config: RouterConfig) -> LedgerConfig:
-    """The ledger settings of a router configuration (pure)."""
-    return LedgerConfig(
-        caps=cap_rule(config),
-        quarantine=config.quarantine,
-        queue_max=config.queue_max,
-        default_block_size=config.default_block_size,
-    )
 
 
 class SessionManager:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rolloutpool.routing.policies import Placement
 from rolloutpool.routing.table import Session
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "Queued",
     "Rejected",
     "Released",
+    "Usage",
+    "Waiting",
     "Withdrawn",
 ]
 
@@ -111,3 +114,23 @@ class CapChanged:
 
 
 Event = Placed | Admitted | Withdrawn | Released | QuarantineChanged | CapChanged
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one response."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens``; None when the engine does not report it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A new session in the admission queue."""
+
+    ticket: int
+    placement: Placement
+    enqueued: float
+    one_turn: bool

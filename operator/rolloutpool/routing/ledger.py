@@ -27,9 +27,8 @@ The lifecycle:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
-from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.caps import effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import (
     Admitted,
@@ -42,64 +41,19 @@ from rolloutpool.routing.events import (
     Queued,
     Rejected,
     Released,
+    Usage,
+    Waiting,
     Withdrawn,
 )
+from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
 from rolloutpool.routing.policies import Placement, Policy
-from rolloutpool.routing.quarantine import PressureState, QuarantineConfig, expected_cached_tokens
+from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.table import Session, SessionTable
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
 _NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost"})
 """Release paths that say nothing about the replica's pressure (the session did not finish there)."""
-
-
-@dataclass(frozen=True)
-class LedgerConfig:
-    """The ledger's fixed settings."""
-
-    caps: CapRule = field(default_factory=CapRule)
-    quarantine: QuarantineConfig | None = field(default_factory=QuarantineConfig)
-    """The fast quarantine's thresholds; None: no fast quarantine (the peers' policies in the simulator)."""
-    queue_max: int | None = None
-    """New sessions that may wait; None: unbounded."""
-    default_block_size: int = 16
-    """Block size assumed until a replica reports its own."""
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one response."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-    """``usage.prompt_tokens_details.cached_tokens``; None when the engine does not report it."""
-
-
-@dataclass
-class ReplicaLimits:
-    """What sets one replica's cap and quarantine."""
-
-    fixed_cap: int | None = None
-    """The replica's own fixed cap."""
-    capacity_tokens: int | None = None
-    """Reported KV capacity (None: not reported yet)."""
-    block_size: int = 16
-    pressure: PressureState | None = None
-    """The fast quarantine's state; None without a fast quarantine."""
-    operator: OperatorLimit | None = None
-    """The operator's cap and quarantine (the RolloutPool status), if any."""
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """A new session in the admission queue."""
-
-    ticket: int
-    placement: Placement
-    enqueued: float
-    one_turn: bool
 
 
 class Ledger:
