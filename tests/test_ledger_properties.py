@@ -5,7 +5,8 @@ repeated, unknown, during a turn), replicas added, removed, made unready, draine
 quarantined by the operator or by pressure, operator and capacity cap changes, queue timeouts,
 idle expiry. After every step: live counts equal the sessions held, a session is on exactly one
 replica, nothing is negative, no placement lands on a replica at or over its effective cap,
-admission is FIFO, and every replica's cap is what :func:`effective_cap` gives for its limits.
+admission is FIFO, every replica's cap is what :func:`effective_cap` gives for its limits, and
+the table's index of eligible replicas names the replica a full scan would.
 """
 
 from __future__ import annotations
@@ -233,6 +234,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.rule_, replica_cap=limits.fixed_cap, capacity_tokens=limits.capacity_tokens, operator_cap=operator
             )
             assert replica.cap == expected
+
+    @invariant()
+    def the_index_agrees_with_a_scan(self) -> None:
+        eligible = [r for r in self.ledger.table.replicas.values() if r.accepts_new()]
+        scanned = min(eligible, key=lambda r: r.live) if eligible else None
+        assert self.ledger.table.least_eligible() is scanned
 
     @invariant()
     def queue_matches_the_model(self) -> None:

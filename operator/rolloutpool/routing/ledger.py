@@ -62,7 +62,7 @@ class Ledger:
     def __init__(self, config: LedgerConfig, *, policy: Policy) -> None:
         self.config = config
         self.policy = policy
-        self.table = SessionTable()
+        self.table = SessionTable(indexed=True)
         self.limits: dict[str, ReplicaLimits] = {}
         self.queue: deque[Waiting] = deque()
         self.closed = False
@@ -333,6 +333,7 @@ class Ledger:
         if replica is None or replica.ready == ready:
             return False
         replica.ready = ready
+        self.table.refresh(name)
         if ready:
             self.admit(now=now)
         return True
@@ -343,6 +344,7 @@ class Ledger:
         if replica.draining == draining:
             return False
         replica.draining = draining
+        self.table.refresh(name)
         if not draining:
             self.admit(now=now)
         return True
@@ -381,6 +383,7 @@ class Ledger:
         cap = self.cap_of(name)
         if cap != replica.cap:
             replica.cap = cap
+            self.table.refresh(name)
             self.events.append(CapChanged(name, cap, self.limits[name].capacity_tokens))
             self.admit(now=now)
 
@@ -391,6 +394,8 @@ class Ledger:
         own = pressure is not None and pressure.quarantined
         was = replica.quarantined
         replica.quarantined = own or bool(limits.operator and limits.operator.quarantined)
+        if was != replica.quarantined:
+            self.table.refresh(name)
         if entered or was != replica.quarantined:
             reason = pressure.reason if pressure is not None and own else None
             self.events.append(QuarantineChanged(name, replica.quarantined, entered, reason))
