@@ -230,9 +230,14 @@ class LedgerMachine(RuleBasedStateMachine):
         for name, replica in self.ledger.table.replicas.items():
             limits = self.ledger.limits[name]
             operator = None if limits.operator is None else limits.operator.cap
+            kv = self.ledger.kv
+            room = None
+            if kv is not None and limits.capacity_tokens is not None:
+                room = kv.room(name, capacity_tokens=limits.capacity_tokens)
             expected = effective_cap(
-                self.rule_, replica_cap=limits.fixed_cap, capacity_tokens=limits.capacity_tokens, operator_cap=operator
-            )
+                self.rule_, replica_cap=limits.fixed_cap, capacity_tokens=limits.capacity_tokens, operator_cap=operator,
+                live=replica.live, kv_room=room,
+            )  # fmt: skip
             assert replica.cap == expected
 
     @invariant()

@@ -21,7 +21,7 @@ from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
 from rolloutpool.localcluster.kubelet_cli import kubelet_command
 from rolloutpool.operator_command import operator_command
 from rolloutpool.planner import PlanInputs, plan_rows
-from rolloutpool.sim.cli_command import caps_command
+from rolloutpool.sim.cli_command import caps_command, compare_command
 
 __all__ = ["main"]
 
@@ -417,6 +417,7 @@ def simulate(
 
 main.add_command(bench_command)
 main.add_command(caps_command)
+main.add_command(compare_command)
 main.add_command(operator_command)
 
 

@@ -10,8 +10,12 @@ A replica's cap comes from up to three places, combined here and nowhere else:
 
 A fixed cap and the operator's combine by taking the tighter. A derived cap is replaced by the
 operator's (its control law may find a higher one), limited by ``ceiling``
-(``maxSessionsPerReplica``). Without a fixed cap or ``max_model_len`` the router's own cap is
-``ceiling`` (or unlimited), combined with the operator's like a fixed one.
+(``maxSessionsPerReplica``). Until the operator decides, a derived cap follows the replica's measured
+contexts when ``kv_admission`` is on and the caller passes ``kv_room`` (the new sessions its projected
+KV tokens still hold, :mod:`rolloutpool.routing.admission_kv`): ``live + kv_room`` under ``ceiling``,
+instead of the residency guess (which stays the cap of callers that do not project). Without a fixed
+cap or ``max_model_len`` the router's own cap is ``ceiling`` (or unlimited), combined with the operator's
+like a fixed one.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class CapRule:
     headroom: float = 0.1
     ceiling: int | None = None
     """Hard limit on a derived (or the operator's) cap; the cap itself when nothing else sets one."""
+    kv_admission: bool = True
+    """Derived caps admit by projected KV tokens (``kv_room``) rather than by the residency guess."""
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:
@@ -49,11 +55,14 @@ def effective_cap(
     replica_cap: int | None = None,
     capacity_tokens: int | None = None,
     operator_cap: int | None = None,
+    live: int = 0,
+    kv_room: int | None = None,
 ) -> int | None:
     """The live-session cap a replica gets; None means no limit (pure).
 
     ``replica_cap`` is the replica's own fixed cap, ``capacity_tokens`` its reported KV capacity
-    (None: not reported yet), ``operator_cap`` what the operator decided (None: nothing yet).
+    (None: not reported yet), ``operator_cap`` what the operator decided (None: nothing yet),
+    ``live`` its live sessions and ``kv_room`` how many more its projected KV tokens hold (None: not projected).
     """
     fixed = replica_cap if replica_cap is not None else rule.fixed
     if fixed is not None:
@@ -64,6 +73,8 @@ def effective_cap(
         return _tighter(operator_cap, rule.ceiling)
     if capacity_tokens is None:
         return 0
+    if rule.kv_admission and kv_room is not None:
+        return _tighter(live + kv_room, rule.ceiling)
     return oversubscribed_cap(
         capacity_tokens=capacity_tokens,
         max_model_len=rule.max_model_len,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from rolloutpool.routing.admission_kv import KvAdmissionConfig, KvProjection
 from rolloutpool.routing.caps import effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import (
@@ -69,6 +70,13 @@ class Ledger:
         self.events: list[Event] = []
         """What operations changed besides their answer, oldest first (see :meth:`take_events`)."""
         self._tickets = 0
+        caps = config.caps
+        self.kv = (
+            KvProjection(KvAdmissionConfig(caps.max_model_len, caps.expected_residency, caps.headroom))
+            if caps.kv_admission and caps.max_model_len
+            else None
+        )
+        """Projected KV tokens of live sessions, for derived caps (:mod:`~rolloutpool.routing.admission_kv`)."""
 
     def take_events(self) -> list[Event]:
         """The events since the last call (and forget them)."""
@@ -102,6 +110,8 @@ class Ledger:
         lost = [self.table.sessions[sid] for sid in sorted(state.sessions)]
         self.table.remove_replica(name)
         del self.limits[name]
+        if self.kv is not None:
+            self.kv.replica_removed(name)
         self.events.extend(Released(s, "replica_lost") for s in lost)
         return lost
 
@@ -119,12 +129,31 @@ class Ledger:
     def cap_of(self, name: str) -> int | None:
         """The effective cap of a replica, from its limits (:func:`~rolloutpool.routing.caps.effective_cap`)."""
         limits = self.limits[name]
+        replica = self.table.replicas.get(name)
+        room = None
+        if self.kv is not None and limits.capacity_tokens is not None:
+            room = self.kv.room(name, capacity_tokens=limits.capacity_tokens)
         return effective_cap(
             self.config.caps,
             replica_cap=limits.fixed_cap,
             capacity_tokens=limits.capacity_tokens,
             operator_cap=None if limits.operator is None else limits.operator.cap,
+            live=0 if replica is None else replica.live,
+            kv_room=room,
         )
+
+    def _kv_cap(self, name: str) -> bool:
+        """Recompute a replica's cap after its projected KV tokens changed (no event: it moves every turn)."""
+        replica = self.table.replicas.get(name)
+        if self.kv is None or replica is None:
+            return False
+        cap = self.cap_of(name)
+        if cap == replica.cap:
+            return False
+        raised = cap is None or (replica.cap is not None and cap > replica.cap)
+        replica.cap = cap
+        self.table.refresh(name)
+        return raised
 
     # -- arrivals and admission -------------------------------------------------------------
 
@@ -166,6 +195,7 @@ class Ledger:
         return Bound(session, created=False)
 
     def _bind(self, placement: Placement, name: str, *, now: float, one_turn: bool) -> Session:
+        moved_from = self.table.sessions.get(placement.session_id)
         session = self.table.bind(
             placement.session_id,
             name,
@@ -175,6 +205,11 @@ class Ledger:
             prompt_tokens=placement.prompt_tokens,
         )
         session.one_turn = one_turn
+        if self.kv is not None:
+            self.kv.bound(placement.session_id, name, prompt_tokens=placement.prompt_tokens)
+            if moved_from is not None and moved_from.replica != name:
+                self._kv_cap(moved_from.replica)
+            self._kv_cap(name)
         return session
 
     def _place(self, placement: Placement, *, now: float, kind: str, one_turn: bool) -> Session | None:
@@ -244,6 +279,10 @@ class Ledger:
 
     def _drop(self, session: Session, how: str, *, now: float, admit: bool = True) -> None:
         self.table.release(session.session_id)
+        if self.kv is not None:
+            finished = how not in _NOT_FINISHED and how != "expired" and not session.one_turn
+            self.kv.released(session.session_id, finished=finished)
+            self._kv_cap(session.replica)
         self.events.append(Released(session, how))
         limits = self.limits.get(session.replica)
         if limits is not None and limits.pressure is not None and how not in _NOT_FINISHED:
@@ -265,6 +304,9 @@ class Ledger:
         """Re-create a session from a snapshot (no placement decision)."""
         session = self.table.bind(session_id, replica, now=last_seen, group=group)
         session.context_tokens = context
+        if self.kv is not None:
+            self.kv.bound(session_id, replica, context=context)
+            self._kv_cap(replica)
 
     # -- requests of a session ------------------------------------------------------------------
 
@@ -301,6 +343,10 @@ class Ledger:
             return 0, 0
         checked = self.observe_cached(session, now=now, usage=usage)
         session.context_tokens = usage.prompt_tokens + usage.completion_tokens
+        if self.kv is not None and not session.one_turn:
+            self.kv.turn_finished(session.session_id, session.replica, context=session.context_tokens)
+            if self._kv_cap(session.replica):
+                self.admit(now=now)
         return checked
 
     def observe_cached(self, session: Session, *, now: float, usage: Usage) -> tuple[int, int]:

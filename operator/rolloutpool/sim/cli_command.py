@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rolloutpool.sim.workload import SCENARIOS
 
-__all__ = ["caps_command"]
+__all__ = ["caps_command", "compare_command"]
 
 _console = Console()
 _DEFAULT_SCENARIOS = ("agentic-grpo", "tool-chat", "high-pressure", "policy-drift")
@@ -99,3 +99,50 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     _console.print(table)
     written = [] if no_plots else write_cap_plots(runs, points, out_dir)
     _console.print(f"Wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.md'}" + "".join(f", {p}" for p in written))
+
+
+@click.command("simulate-compare")
+@click.option("--scenario", "scenarios", type=click.Choice(sorted(SCENARIOS)), multiple=True, required=True)
+@click.option("--load", "loads", type=click.FloatRange(min=0.01), multiple=True, help="Default: 1, 3.")
+@click.option("--seed", "seeds", type=int, multiple=True, help="Default: 0.")
+@click.option("--variant", "variants", multiple=True, help="Default: all (sticky-least-loaded is always run).")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def compare_command(  # noqa: PLR0917 - click passes every option as a positional parameter
+    scenarios: tuple[str, ...],
+    loads: tuple[float, ...],
+    seeds: tuple[int, ...],
+    variants: tuple[str, ...],
+    duration_s: float,
+    replicas: int,
+    workers: int,
+    out_file: Path | None,
+) -> None:
+    """Our caps (KV admission, fixed cap, adaptive law) over sticky least-loaded, side by side in one run."""
+    from rolloutpool.sim.compare import BASELINE, VARIANTS, compare_jobs, rows_markdown, run_compare  # noqa: PLC0415
+    from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.workload import scenario  # noqa: PLC0415
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise click.UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    chosen = [BASELINE, *(v for v in (variants or VARIANTS) if v != BASELINE)]
+    base = FleetConfig(scenario=scenario(scenarios[0]), in_flight=1, replicas=replicas, duration_s=duration_s)
+    jobs = compare_jobs(base, scenarios=scenarios, loads=loads or (1.0, 3.0), seeds=seeds or (0,), variants=chosen)
+    started = time.perf_counter()
+
+    def done(job: object, result: object, wall: float) -> None:
+        _console.log(
+            f"Finished {getattr(result, 'scenario', '?')} {getattr(job, 'load', '?')}x "
+            f"{getattr(result, 'policy', '?')} in {wall:.1f}s"
+        )
+
+    rows = run_compare(jobs, workers=workers, on_done=done)
+    table = rows_markdown(rows)
+    _console.print(table)
+    _console.print(f"{replicas} replicas, {duration_s:g} simulated s, {time.perf_counter() - started:.0f}s wall")
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(table)

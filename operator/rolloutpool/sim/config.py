@@ -29,6 +29,9 @@ class FleetConfig:
     seed: int = 0
     expected_residency: float = 0.5
     headroom: float = 0.1
+    kv_admission: bool = True
+    """Our policy also admits a new session only while its replica's projected KV tokens fit (the router's
+    default); False: by the session-count cap alone (the fixed cap from ``expected_residency``)."""
     fixed_cap: int | None = None
     """Override the residency-derived cap of capped policies (hindsight sweeps)."""
     co_locate_groups: bool = True

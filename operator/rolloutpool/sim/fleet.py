@@ -97,6 +97,7 @@ class _Fleet:
                 max_model_len=config.scenario.max_model_len,
                 expected_residency=config.expected_residency,
                 headroom=config.headroom,
+                kv_admission=config.kv_admission,
             )
         quarantine = config.quarantine if ours else None
         self.ledger = Ledger(
@@ -107,7 +108,8 @@ class _Fleet:
             self.ledger.add_replica(n, now=0.0, capacity_tokens=self.capacity)
             if self.law is not None:  # the operator publishes the law's first cap (RunResult.cap: None)
                 self.ledger.set_operator_limit(n, OperatorLimit(initial_cap(self.law.params), False, None), now=0.0)
-        self.cap = None if self.law is not None or not ours else self.ledger.cap_of(self.names[0])
+        kv = self.ledger.kv is not None and config.fixed_cap is None  # caps that follow contexts: no one cap
+        self.cap = None if self.law is not None or not ours or kv else self.ledger.cap_of(self.names[0])
         self.ledger.take_events()
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         every = config.renew_every_s if isinstance(policy, SessionAware) else None  # renewal is our policy's

@@ -65,6 +65,8 @@ class RunResult:
     """Adaptive policy: quarantines the control law entered (the fast loop's are ``quarantines``)."""
     control: list[ControlPoint] = field(default_factory=list, repr=False)
     """Adaptive policy: every replica's decision at every control step."""
+    prefilled_tokens: int = 0
+    """Prompt tokens computed (queried minus prefix-cache hits): the share ``reprefilled_tokens`` is of it."""
     renewals: int | None = None
     """With prefix renewal: renewal requests sent (their tokens, queries and hits are left out of the figures)."""
 
@@ -134,4 +136,5 @@ def summarize(
         law_quarantines=None if law is None else law.quarantines,
         control=[] if law is None else law.points,
         renewals=None if renewals is None else renewals.sent,
+        prefilled_tokens=queries - hits,
     )

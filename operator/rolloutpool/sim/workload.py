@@ -64,6 +64,9 @@ class Scenario:
     tool_latency_s: Lognormal = field(default_factory=lambda: Lognormal(2.0, 15.0))
     turns: Lognormal = field(default_factory=lambda: Lognormal(20, 50))
     max_model_len: int = 32768
+    long_share: float = 0.0
+    """A bimodal mix: this share of trajectories draws its turns from ``long_turns`` instead of ``turns``."""
+    long_turns: Lognormal | None = None
     drift_growth: float = 0.0
     """Policy drift: actions and observations of trajectories started later are longer by up to this fraction."""
     drift_start_s: float = 1800.0
@@ -119,6 +122,37 @@ SCENARIOS: dict[str, Scenario] = {
             drift_growth=0.5,
             drift_start_s=0.0,
             drift_duration_s=1e-9,
+        ),
+        Scenario(
+            name="short-burst",
+            description="Short rollouts at high concurrency: ~4 turns of short actions and observations, contexts"
+            " stay under a tenth of maxModelLen (held out: the law was not tuned on it)",
+            group_size=8,
+            prompt_tokens=Lognormal(800, 1200),
+            action_tokens=Lognormal(150, 400),
+            observation_tokens=Lognormal(200, 600),
+            tool_latency_s=Lognormal(1.0, 6.0),
+            turns=Lognormal(4, 8),
+        ),
+        Scenario(
+            name="long-context",
+            description="Very long contexts: ~6k prompt, ~40 turns of large observations, most rollouts reach"
+            " maxModelLen (held out)",
+            prompt_tokens=Lognormal(6000, 9000),
+            action_tokens=Lognormal(400, 1200),
+            observation_tokens=Lognormal(1500, 4000),
+            turns=Lognormal(40, 70),
+        ),
+        Scenario(
+            name="bimodal",
+            description="A bimodal mix: 70 % of rollouts end in ~3 short turns, 30 % run ~40 long ones (held out)",
+            group_size=8,
+            prompt_tokens=Lognormal(1500, 2500),
+            action_tokens=Lognormal(250, 800),
+            observation_tokens=Lognormal(600, 2000),
+            turns=Lognormal(3, 5),
+            long_share=0.3,
+            long_turns=Lognormal(40, 60),
         ),
     )
 }
@@ -184,7 +218,10 @@ class TrajectorySource:
         group = index // self.scenario.group_size
         s = self.scenario
         rng = np.random.default_rng([self.seed, 2, index])
-        turns = max(1, round(float(s.turns.draw(rng, 1)[0])))
+        turns_dist = s.turns
+        if s.long_share > 0.0 and s.long_turns is not None and float(rng.random()) < s.long_share:
+            turns_dist = s.long_turns  # drawn only for a mix, so other scenarios keep their streams
+        turns = max(1, round(float(turns_dist.draw(rng, 1)[0])))
         scale = s.length_scale(now)
         # Python floats (tolist) are the same numbers as numpy's, and far cheaper to loop over
         actions = tuple(max(1, round(x * scale)) for x in s.action_tokens.draw(rng, turns).tolist())

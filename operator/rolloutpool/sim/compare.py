@@ -1,0 +1,124 @@
+"""Side-by-side comparison of our caps against sticky least-loaded, per scenario, load and seed.
+
+Each (scenario, load, seed) runs the same trajectories under every variant: vllm-router's sticky
+least-loaded (no cap), our router with its default admission (projected KV tokens under the
+session-count cap), our router with the session-count cap alone (the fixed default cap), and the
+operator's adaptive law. The table gives each variant's throughput over sticky least-loaded's,
+the share of sticky least-loaded's prefill that was re-prefill of evicted context (where caps
+should win), and the fast loop's quarantines with the evicted re-prefill of live sessions they
+reacted to (a quarantine with none measured fired on noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rolloutpool.sim.config import ADAPTIVE, FleetConfig
+from rolloutpool.sim.metrics import RunResult
+from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
+from rolloutpool.sim.workload import scenario
+
+__all__ = ["BASELINE", "VARIANTS", "CompareRow", "compare_jobs", "compare_rows", "rows_markdown", "run_compare"]
+
+BASELINE = "sticky-least-loaded"
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    BASELINE: (BASELINE, {}),
+    "kv-admission": ("rolloutpool", {"kv_admission": True}),
+    "fixed-cap": ("rolloutpool", {"kv_admission": False}),
+    "adaptive": (ADAPTIVE, {}),
+}
+"""Variant label -> (policy, FleetConfig changes)."""
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One variant at one (scenario, load, seed)."""
+
+    scenario: str
+    load: float
+    seed: int
+    variant: str
+    in_flight: int
+    tokens_per_s: float
+    vs_baseline: float
+    baseline_evicted_share: float
+    """Sticky least-loaded's re-prefilled tokens over its prefilled tokens."""
+    evicted_share: float
+    fast_quarantines: int
+    evicted_reprefill_tokens: int
+    """Live sessions' evicted context the router measured (what the fast loop should react to)."""
+    law_cuts: int | None
+    law_quarantines: int | None
+    preemptions: int
+
+
+def compare_jobs(
+    base: FleetConfig,
+    *,
+    scenarios: Iterable[str],
+    loads: Iterable[float],
+    seeds: Iterable[int],
+    variants: Iterable[str],
+) -> list[tuple[str, Job]]:
+    """One (variant label, job) per scenario, load, seed and variant (pure)."""
+    jobs = []
+    chosen = list(variants)
+    for name in scenarios:
+        cfg = replace(base, scenario=scenario(name))
+        floor = fleet_floor(cfg)
+        for seed in seeds:
+            for load in loads:
+                for label in chosen:
+                    policy, changes = VARIANTS[label]
+                    config = replace(cfg, in_flight=max(1, round(load * floor)), seed=seed, **changes)
+                    jobs.append((label, Job(load, policy, config)))
+    return jobs
+
+
+def _share(r: RunResult) -> float:
+    return r.reprefilled_tokens / r.prefilled_tokens if r.prefilled_tokens else 0.0
+
+
+def compare_rows(results: list[tuple[str, Job, RunResult]]) -> list[CompareRow]:
+    """Rows with ratios over the baseline run of the same (scenario, load, seed) (pure)."""
+    base = {(r.scenario, j.load, j.config.seed): r for label, j, r in results if label == BASELINE}
+    rows = []
+    for label, job, r in results:
+        b = base.get((r.scenario, job.load, job.config.seed))
+        row = CompareRow(
+            scenario=r.scenario, load=job.load, seed=job.config.seed, variant=label, in_flight=r.in_flight,
+            tokens_per_s=r.tokens_per_s,
+            vs_baseline=r.tokens_per_s / b.tokens_per_s if b is not None and b.tokens_per_s else float("nan"),
+            baseline_evicted_share=_share(b) if b is not None else float("nan"), evicted_share=_share(r),
+            fast_quarantines=r.quarantines, evicted_reprefill_tokens=r.evicted_reprefill_tokens,
+            law_cuts=r.law_cuts, law_quarantines=r.law_quarantines, preemptions=r.preemptions,
+        )  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def rows_markdown(rows: list[CompareRow]) -> str:
+    """A markdown table, one line per (scenario, load, seed, variant)."""
+    lines = [
+        "| scenario | load | seed | variant | in-flight | tok/s | / sticky LL | LL evicted % | evicted % "
+        "| fast quar. | live re-prefill tok | law cuts | law quar. | preempt |",
+        "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.scenario} | {r.load:g}x | {r.seed} | {r.variant} | {r.in_flight} | {r.tokens_per_s:,.0f} "
+            f"| {r.vs_baseline:.3f} | {100 * r.baseline_evicted_share:.1f} | {100 * r.evicted_share:.1f} "
+            f"| {r.fast_quarantines} | {r.evicted_reprefill_tokens:,} | {'-' if r.law_cuts is None else r.law_cuts} "
+            f"| {'-' if r.law_quarantines is None else r.law_quarantines} | {r.preemptions} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_compare(
+    jobs: list[tuple[str, Job]], *, workers: int, on_done: Callable[[Job, RunResult, float], None] | None = None
+) -> list[CompareRow]:
+    """Run every job and compare."""
+    done = run_jobs([j for _, j in jobs], workers=workers, on_done=on_done)
+    return compare_rows([(label, job, result) for (label, _), (job, result, _w) in zip(jobs, done, strict=True)])
