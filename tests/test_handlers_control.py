@@ -14,15 +14,15 @@ from rolloutpool.api.status import ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale import ReplicaSignals
 from rolloutpool.handlers.context import PoolMemory
 from rolloutpool.handlers.control import control_step, stale_after_seconds, window_seconds
-from rolloutpool.handlers.passes import (
+from rolloutpool.metrics.prom import PrometheusUnreachable
+from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
+from rolloutpool.reconcile.decide import (
     health_from_status,
     previous_status,
     router_urls,
     status_wire,
     unknown_sessions,
 )
-from rolloutpool.metrics.prom import PrometheusUnreachable
-from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
 
 SPEC: dict[str, Any] = {
     "replicas": 2,
