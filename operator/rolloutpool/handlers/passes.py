@@ -11,6 +11,7 @@ through the context's :class:`~rolloutpool.kube.port.KubePort`, in a thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -54,14 +55,14 @@ async def observe(context: OperatorContext, memory: PoolMemory, pool: dict[str, 
     routers = RouterView(
         stats.live_sessions, stats.queued_sessions, stats.reachable, stats.quarantined, stats.reachable > 0 or not urls
     )
-    observed = Observed(pool, pods, deployment, routers, memory.recall(), context.settings, clock)
+    observed = Observed(pool, pods, deployment, routers, memory.recall(), context.settings, clock, None, router_pods)
     query = metrics_query(observed, now=now)
     if query is None:
         return observed
     read = await read_metrics(
         context.prometheus, query.url, namespace=namespace, replicas=query.replicas, interval=query.interval_seconds
     )
-    return Observed(pool, pods, deployment, routers, observed.recall, observed.settings, clock, read)
+    return dataclasses.replace(observed, metrics=read)
 
 
 async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None:

@@ -105,6 +105,8 @@ class Observed:
     clock: float
     metrics: MetricsRead | None = None
     """The Prometheus read of this pass (made when :func:`metrics_query` asked for one)."""
+    router_pods: Sequence[Mapping[str, Any]] = ()
+    """The pool's router pods (their addresses gave ``routers``)."""
 
 
 @dataclass(frozen=True)
