@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -106,20 +107,36 @@ def _verdicts(output: str) -> dict[str, str]:
     return verdicts
 
 
-def test_the_unplanted_copy_keeps_every_contract(tmp_path: Path) -> None:
-    src = _copy(tmp_path)
-    result = _lint(tmp_path, src)
+def _run_case(root: Path, plants: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    root.mkdir()
+    src = _copy(root)
+    _plant(src, plants)
+    return _lint(root, src)
+
+
+@pytest.fixture(scope="module")
+def linted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every case (and the unplanted copy, id ``unplanted``) linted side by side, one process per core."""
+    base = tmp_path_factory.mktemp("contracts")
+    cases = [("unplanted", {}), *((case_id, plants) for case_id, plants, _ in CASES)]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = {case_id: pool.submit(_run_case, base / case_id, plants) for case_id, plants in cases}
+        return {case_id: future.result() for case_id, future in futures.items()}
+
+
+def test_the_unplanted_copy_keeps_every_contract(linted: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    result = linted["unplanted"]
     verdicts = _verdicts(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert {PURE_LIB, PURE_OURS, ENGINE, KOPF, KUBE} <= set(verdicts), verdicts
     assert set(verdicts.values()) == {"KEPT"}
 
 
-@pytest.mark.parametrize(("plants", "contract"), [(p, c) for _, p, c in CASES], ids=[i for i, _, _ in CASES])
-def test_a_planted_forbidden_import_breaks_its_contract(tmp_path: Path, plants: dict[str, str], contract: str) -> None:
-    src = _copy(tmp_path)
-    _plant(src, plants)
-    result = _lint(tmp_path, src)
+@pytest.mark.parametrize(("case_id", "plants", "contract"), CASES, ids=[i for i, _, _ in CASES])
+def test_a_planted_forbidden_import_breaks_its_contract(
+    linted: dict[str, subprocess.CompletedProcess[str]], case_id: str, plants: dict[str, str], contract: str
+) -> None:
+    result = linted[case_id]
     assert result.returncode != 0, result.stdout
     assert _verdicts(result.stdout).get(contract) == "BROKEN", result.stdout + result.stderr
     importer = next(path for path in plants if path != HELPER).removesuffix(".py").replace("/", ".")
