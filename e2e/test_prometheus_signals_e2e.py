@@ -225,7 +225,7 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         idle_control = decide_replica(previous=previous, signals=idle_s, params=params, now=now)
         assert hot_control.quarantined
         assert hot_control.cap < previous.cap
-        assert hot_control.reason == "LivePrefixEviction"
+        assert hot_control.reason == "Evicting"
         assert not idle_control.quarantined
         assert idle_control.cap >= 8
 
