@@ -343,3 +343,27 @@ async def test_a_worker_retries_a_failed_pass_after_its_backoff() -> None:
         await asyncio.sleep(0.02)
     await workers.close()
     assert sorted(h.pods()) == ["p-engine-0", "p-engine-1"]
+
+
+async def test_a_pod_deleted_under_us_before_its_drain_mark_or_its_delete_is_recreated_next_pass() -> None:
+    h = Harness()
+    await _settled(h)
+    h.stats = RouterStats({"p-engine-1": 2}, 0, 1)
+    h.kube.put(
+        {
+            "kind": "Pod",
+            "metadata": {"name": "p-router-x", "namespace": NS, "labels": _router_labels()},
+            "status": {"podIP": "127.0.0.50"},
+        }
+    )
+    h.scale(1)
+    h.kube.before("patch", "Pod", "p-engine-1", lambda: h.kube.delete("Pod", NS, "p-engine-1"))
+    await h.run()  # the drain mark meets a 404: nothing to drain any more
+    assert "p-engine-1" not in h.pods()
+    h.scale(2)
+    h.kube.put({**h.pod("p-engine-0"), "status": {"phase": "Failed"}})
+    h.kube.before("delete", "Pod", "p-engine-0", lambda: h.kube.delete("Pod", NS, "p-engine-0"))
+    await h.run()  # the delete of the failed pod meets a 404; the missing index is created
+    await h.run()
+    assert sorted(h.pods()) == ["p-engine-0", "p-engine-1", "p-router-x"]
+    assert h.pod("p-engine-0")["status"]["phase"] == "Pending"
