@@ -39,7 +39,7 @@ class Collected:
         async for event in events:
             self.events.append(event)
 
-    async def until(self, count: int, timeout: float = 3.0) -> list[tuple[str, str]]:
+    async def until(self, count: int, timeout: float = 10.0) -> list[tuple[str, str]]:
         for _ in range(int(timeout / 0.01)):
             if len(self.events) >= count:
                 break
@@ -50,7 +50,7 @@ class Collected:
         self.watch.stop()
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        assert self.watch.join(2.0)
+        assert self.watch.join(10.0)
 
 
 @pytest.fixture
@@ -125,9 +125,9 @@ async def test_the_pool_watch_follows_the_operator_limits_of_one_pool() -> None:
     fake.put({"kind": "RolloutPool", "metadata": {"name": "q", "namespace": NS}})
     watch = PoolWatch(fake, namespace=NS, name="p", timeout_seconds=5)
     items = watch.events()
-    first = await asyncio.wait_for(anext(items), 3)
+    first = await asyncio.wait_for(anext(items), 10)
     assert first["p-engine-0"].cap == 7
     fake.delete("RolloutPool", NS, "p")
-    assert await asyncio.wait_for(anext(items), 3) == {}
-    watch.stop()
+    assert await asyncio.wait_for(anext(items), 10) == {}
     await items.aclose()
+    assert watch.join(10.0)

@@ -11,6 +11,7 @@ event loop through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -85,7 +86,9 @@ class ThreadWatch(Generic[T]):
         queue: asyncio.Queue[tuple[T, ...] | None] = asyncio.Queue()
 
         def emit(items: tuple[T, ...] | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, items)
+            if not loop.is_closed():  # a watch stopped at shutdown may end after its loop
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(queue.put_nowait, items)
 
         self._thread = threading.Thread(target=self._run, args=(emit,), name=f"watch-{self.what}", daemon=True)
         self._thread.start()
