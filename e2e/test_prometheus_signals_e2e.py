@@ -3,8 +3,9 @@
 Two engines named like a pool's pods sit behind a real ``rolloutpool router``; Prometheus
 scrapes all three with static targets labelled ``namespace``/``pod``. A multi-turn load of
 one GRPO group (on one engine: the other is drained through the router's admin API)
-oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted. The read must show the pressure
-on that engine only, and the control law must cut its cap and quarantine it.
+oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted.
+The read must show the pressure on that engine only, and the control law must cut its cap
+and quarantine it.
 """
 
 from __future__ import annotations
