@@ -3,8 +3,9 @@
 Two engines named like a pool's pods sit behind a real ``rolloutpool router``; Prometheus
 scrapes all three with static targets labelled ``namespace``/``pod``. A multi-turn load of
 one GRPO group (on one engine: the other is drained through the router's admin API)
-oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted. The read must show the pressure
-on that engine only, and the control law must cut its cap and quarantine it.
+oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted.
+The read must show the pressure on that engine only, and the control law must cut its cap
+and quarantine it.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         idle_control = decide_replica(previous=previous, signals=idle_s, params=params, now=now)
         assert hot_control.quarantined
         assert hot_control.cap < previous.cap
-        assert hot_control.reason == "LivePrefixEviction"
+        assert hot_control.reason == "Evicting"
         assert not idle_control.quarantined
         assert idle_control.cap >= 8
 

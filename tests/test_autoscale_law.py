@@ -43,35 +43,35 @@ CASES = [
     ("hold while the cap does not bind", at(20), replace(CALM, live_sessions=12), 100, 20, False, None),
     ("hold inside the cooldown", at(20), CALM, 30, 20, False, None),
     ("hold without a usage reading", at(20), replace(CALM, kv_usage=None), 100, 20, False, None),
-    ("one step back at the edge of the cliff", at(20), EVICTING, 100, 19, True, "LivePrefixEviction"),
-    ("multiplicative cut under severe eviction", at(20), STORM, 100, 16, True, "LivePrefixEviction"),
+    ("one step back at the edge of the cliff", at(20), EVICTING, 100, 19, True, "Evicting"),
+    ("multiplicative cut under severe eviction", at(20), STORM, 100, 16, True, "Evicting"),
     ("severe preemptions cut multiplicatively", at(20), replace(CALM, preemptions_per_s=0.05), 100, 16, True,
      "Preempting"),
     ("mild preemptions step back", at(20), replace(CALM, preemptions_per_s=0.02), 100, 19, True, "Preempting"),
     ("a waiting queue steps back", at(20), replace(CALM, waiting=5), 100, 19, True, "Queueing"),
-    ("a cut right after a raise does not wait", at(21, reason="Raised"), EVICTING, 10, 20, True, "LivePrefixEviction"),
-    ("floor clamp: pressure at the floor holds it", at(10), STORM, 100, 10, True, "LivePrefixEviction"),
+    ("a cut right after a raise does not wait", at(21, reason="Raised"), EVICTING, 10, 20, True, "Evicting"),
+    ("floor clamp: pressure at the floor holds it", at(10), STORM, 100, 10, True, "Evicting"),
     ("floor clamp: a cut never goes below", at(12), replace(STORM, live_sessions=12), 100, 10, True,
-     "LivePrefixEviction"),
+     "Evicting"),
     ("ceiling clamp: no raise past it", at(40), replace(CALM, live_sessions=40), 100, 40, False, None),
     ("ceiling clamp: a cap above is brought down", at(55), replace(CALM, live_sessions=40), 100, 40, False, None),
     ("re-prefill under the warning level is no sign", at(20), replace(CALM, reprefill_tokens_per_s=400), 100, 21,
      False, "Raised"),
     ("re-prefill under the threshold stops the climb", at(20), replace(CALM, reprefill_tokens_per_s=1500), 100, 20,
      False, "Nearing"),
-    ("a settling cut holds, quarantined", at(16, reason="LivePrefixEviction"), EVICTING, 100, 16, True,
-     "LivePrefixEviction"),
-    ("pressure after the settle time cuts again", at(16, reason="LivePrefixEviction"),
+    ("a settling cut holds, quarantined", at(16, reason="Evicting"), EVICTING, 100, 16, True,
+     "Evicting"),
+    ("pressure after the settle time cuts again", at(16, reason="Evicting"),
      replace(EVICTING, live_sessions=16), 200, 15, True,
-     "LivePrefixEviction"),
+     "Evicting"),
     ("sessions above the cap still finishing: hold", at(16), replace(EVICTING, live_sessions=19), 500, 16, True,
-     "LivePrefixEviction"),
+     "Evicting"),
     ("additive raise stops one under the learned limit", at(24, limit=25, limit_at=50.0),
      replace(CALM, live_sessions=24), 100, 24, False, None),
     ("probe one step past the limit after probe_seconds", at(24, limit=25, limit_at=0.0),
      replace(CALM, live_sessions=24), 700, 25, False, "Probed"),
     ("a failed probe of the limit steps back once", at(25, reason="Probed", limit=25, limit_at=0.0),
-     replace(EVICTING, live_sessions=25), 710, 24, True, "LivePrefixEviction"),
+     replace(EVICTING, live_sessions=25), 710, 24, True, "Evicting"),
 ]  # fmt: skip
 
 
@@ -149,7 +149,7 @@ def test_by_default_only_the_cutting_step_quarantines() -> None:
     cut = decide_replica(previous=at(30), signals=storm, params=params, now=100)
     assert (cut.cap, cut.quarantined) == (25, True)  # x0.85
     held = decide_replica(previous=cut, signals=replace(storm, live_sessions=27), params=params, now=115)
-    assert (held.cap, held.quarantined, held.reason) == (25, False, "LivePrefixEviction")
+    assert (held.cap, held.quarantined, held.reason) == (25, False, "Evicting")
 
 
 def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> None:
@@ -179,7 +179,7 @@ def test_the_slow_start_climbs_gently_once_kv_usage_is_past_the_near_mark() -> N
 def test_a_replica_without_metrics_of_its_own_starts_at_or_drops_to_the_initial_cap() -> None:
     params = LawParams(floor=10, ceiling=40, initial=20)
     assert decide_unobserved(previous=None, params=params, now=5) == ReplicaControl(cap=20)
-    low = at(14, reason="LivePrefixEviction")
+    low = at(14, reason="Evicting")
     assert decide_unobserved(previous=low, params=params, now=5) == low  # under the start: kept as it is
     high = decide_unobserved(previous=replace(at(30), quarantined=True, limit=31), params=params, now=5)
     assert (high.cap, high.quarantined, high.reason, high.changed_at, high.limit) == (20, False, "NoMetrics", 5, 31)
@@ -219,7 +219,7 @@ def test_flapping_inputs_produce_bounded_changes(period: int) -> None:
 def test_pressure_reason_orders_the_signals() -> None:
     assert pressure_reason(CALM, P) is None
     both = replace(EVICTING, preemptions_per_s=1.0, waiting=9)
-    assert pressure_reason(both, P) == "LivePrefixEviction"
+    assert pressure_reason(both, P) == "Evicting"
     assert pressure_reason(replace(both, reprefill_tokens_per_s=None), P) == "Preempting"
     assert pressure_reason(ReplicaSignals(waiting=2), P) == "Queueing"
     assert pressure_reason(ReplicaSignals(), P) is None

@@ -16,7 +16,7 @@ def _render(replicas: list[dict[str, object]]) -> str:
 def test_each_source_of_a_quarantine_is_named_with_its_reason() -> None:
     text = _render(
         [
-            {"name": "e0", "cap": 4, "quarantined": True, "reason": "LivePrefixEviction"},
+            {"name": "e0", "cap": 4, "quarantined": True, "reason": "Evicting"},
             {"name": "e1", "cap": 4, "routerQuarantined": True, "routerReason": "Evicting"},
             {"name": "e2", "cap": 4, "quarantined": True, "reason": "Preempting", "routerQuarantined": True},
             {"name": "e3", "cap": 4},
@@ -24,7 +24,7 @@ def test_each_source_of_a_quarantine_is_named_with_its_reason() -> None:
     )
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip().startswith("e")}
     assert "yes (operator)" in rows["e0"]
-    assert "LivePrefixEviction" in rows["e0"]
+    assert "Evicting" in rows["e0"]
     assert "yes (router)" in rows["e1"]
     assert "Evicting" in rows["e1"]
     assert "yes (operator and router)" in rows["e2"]

@@ -1,4 +1,8 @@
-"""The slow loop inside a pass (with a fake Prometheus reader and injected clocks), and the pass's pure helpers."""
+"""The slow loop inside a pass (with a fake Prometheus reader and injected clocks), and the pass's pure helpers.
+
+``_step`` does what a pass does: ``metrics_due`` says whether to read, ``read_metrics`` reads,
+``remember_read`` and ``step_controls`` decide (:mod:`rolloutpool.reconcile.control`).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,24 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale import ReplicaSignals
 from rolloutpool.handlers.context import PoolMemory
-from rolloutpool.handlers.control import control_step, stale_after_seconds, window_seconds
-from rolloutpool.handlers.passes import (
+from rolloutpool.handlers.control import read_metrics
+from rolloutpool.metrics.prom import PrometheusUnreachable
+from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
+from rolloutpool.reconcile.control import (
+    ControlStep,
+    metrics_due,
+    remember_read,
+    stale_after_seconds,
+    step_controls,
+    window_seconds,
+)
+from rolloutpool.reconcile.decide import (
     health_from_status,
     previous_status,
     router_urls,
     status_wire,
     unknown_sessions,
 )
-from rolloutpool.metrics.prom import PrometheusUnreachable
-from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
 
 SPEC: dict[str, Any] = {
     "replicas": 2,
@@ -61,11 +73,27 @@ def _fresh(usage: float = 0.2) -> ReplicaSignals:
     return ReplicaSignals(kv_usage=usage, kv_capacity_tokens=400000, sampled_at=NOW - 1)
 
 
-async def _step(reader: Reader, memory: PoolMemory, *, spec: RolloutPoolSpec, clock: float, **kwargs: Any) -> Any:
-    kwargs.setdefault("replicas", NAMES)
-    kwargs.setdefault("previous", None)
-    kwargs.setdefault("now", NOW)
-    return await control_step(lambda _url: reader, memory, namespace="ns", pool="p", spec=spec, clock=clock, **kwargs)
+async def _step(
+    reader: Reader,
+    memory: PoolMemory,
+    *,
+    spec: RolloutPoolSpec,
+    clock: float,
+    replicas: Sequence[str] = tuple(NAMES),
+    previous: RolloutPoolStatus | None = None,
+    now: float = NOW,
+    queued_sessions: int | None = None,
+) -> ControlStep:
+    memo = memory.recall().control
+    url = metrics_due(spec=spec, replicas=replicas, memo=memo, clock=clock)
+    if url is not None:
+        interval = float(spec.autoscaling.interval_seconds)
+        read = await read_metrics(lambda _url: reader, url, namespace="ns", replicas=replicas, interval=interval)
+        memo = remember_read(spec=spec, read=read, now=now, clock=clock, queued_sessions=queued_sessions)
+        memory.keep_control(memo)
+    return step_controls(
+        spec=spec, replicas=replicas, previous=previous, memo=memo, stepped=url is not None, now=now, clock=clock
+    )
 
 
 async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_the_initial_cap() -> None:

@@ -123,7 +123,7 @@ def test_router_quarantine_of_one_replica(
     ("router", "controls", "shown", "reason", "detail"),
     [
         ({E(0): "Evicting"}, {}, 1, "KVPressure", f"{E(0)} (evicting; router)"),
-        ({E(0): "Evicting"}, _law("LivePrefixEviction"), 1, "KVPressure", f"{E(0)} (evicting; operator and router)"),
+        ({E(0): "Evicting"}, _law("Evicting"), 1, "KVPressure", f"{E(0)} (evicting; operator and router)"),
         ({E(0): "Evicting"}, _law("Preempting"), 1, "KVPressure", f"{E(0)} (preempting; router: evicting)"),
         ({}, _law("Queueing"), 1, "KVPressure", f"{E(0)} (queueing)"),
         ({E(1): "Queueing", E(2): "Preempting"}, _law("Preempting"), 3, "KVPressure", f"{E(2)} (preempting; router)"),
@@ -207,7 +207,7 @@ def test_a_flapping_router_quarantine_gives_one_event_pair() -> None:
 
 
 def test_events_for_the_law_and_the_router_together() -> None:
-    law = _law("LivePrefixEviction")
+    law = _law("Evicting")
     events = _passes(
         [
             (0, {E(0): "Evicting"}, {}),  # the router first: announced

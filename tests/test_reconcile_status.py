@@ -332,14 +332,14 @@ def test_pod_problem(status: dict[str, Any], expected: str | None) -> None:
 def test_quarantine_and_drain_in_the_table_and_conditions() -> None:
     pool = pool_object()
     controls = {
-        E(0): ReplicaControl(cap=14, changed_at=T0.timestamp(), quarantined=True, reason="LivePrefixEviction"),
+        E(0): ReplicaControl(cap=14, changed_at=T0.timestamp(), quarantined=True, reason="Evicting"),
         E(1): ReplicaControl(cap=21),
     }
     plan = EnginePlan(start_drain=(E(3),), end_drain=(DrainEnd(E(2), "DrainTimeout"),), quarantine=(E(3),))
     status = status_of(pool, pods_of(pool), controls=controls, plan=plan, draining={E(2): 0.0})
     table = {e.name: (e.quarantined, e.reason) for e in status.replica_status}
     assert table == {
-        E(0): (True, "LivePrefixEviction"),
+        E(0): (True, "Evicting"),
         E(1): (False, None),
         E(2): (True, "DrainTimeout"),
         E(3): (True, "Draining"),
@@ -430,7 +430,7 @@ def _entry(name: str, **fields: Any) -> ReplicaStatus:
         ({"cap": 20}, {"cap": 20}, []),
         (
             {"cap": 20},
-            {"cap": 14, "quarantined": True, "reason": "LivePrefixEviction"},
+            {"cap": 14, "quarantined": True, "reason": "Evicting"},
             [
                 EventIntent("ReplicaQuarantined", f"Quarantined {E(0)} (evicting)", "Warning", E(0)),
                 EventIntent("CapChanged", f"Cap of {E(0)} changed from 20 to 14 (evicting)", "Normal", E(0)),

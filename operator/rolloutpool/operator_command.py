@@ -58,7 +58,7 @@ def operator_command(  # noqa: PLR0917 - click passes every option as a position
     config_path = os.environ.get("KUBECONFIG")
     import kopf  # noqa: PLC0415 - kopf and the handlers load only when the operator runs
 
-    import rolloutpool.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
+    import rolloutpool.handlers.lifecycle  # noqa: F401, PLC0415 - registers the handlers with kopf
     from rolloutpool.kube.config import current_namespace  # noqa: PLC0415
 
     if not namespaces and not all_namespaces:

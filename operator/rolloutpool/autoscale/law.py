@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
+
 __all__ = [
     "HealthReason",
     "LawParams",
@@ -62,7 +64,7 @@ class ReplicaControl:
     """Unix time of the last cap change (cooldown)."""
     quarantined: bool = False
     reason: str | None = None
-    """Why quarantined (``LivePrefixEviction``, ``Preempting``, ``Queueing``) or why the cap last moved."""
+    """Why quarantined (a :class:`~rolloutpool.routing.pressure.PressureReason`) or why the cap last moved."""
     limit: int | None = None
     """The cap the law does not pass without probing (the cliff it learned): where pressure last showed, one step
     over a storm's cut, or one step over where early eviction stopped the climb; None before any sign."""
@@ -135,22 +137,19 @@ class MetricsHealth:
     message: str
 
 
-def pressure_reason(signals: ReplicaSignals, params: LawParams) -> str | None:
+def pressure_reason(signals: ReplicaSignals, params: LawParams) -> PressureReason | None:
     """The pressure a replica shows, most telling first, or None (pure).
 
     Re-prefill of live sessions and preemptions are eviction; a waiting queue is the symptom
     that follows. Cache churn of finished sessions is not pressure: it shows in none of these.
     """
     if (signals.reprefill_tokens_per_s or 0.0) > params.reprefill_tokens_per_s:
-        return "LivePrefixEviction"
+        return PressureReason.EVICTING
     if (signals.preemptions_per_s or 0.0) > params.preemptions_per_s:
-        return "Preempting"
+        return PressureReason.PREEMPTING
     if (signals.waiting or 0.0) > params.waiting_threshold:
-        return "Queueing"
+        return PressureReason.QUEUEING
     return None
-
-
-_PRESSURE_REASONS = ("LivePrefixEviction", "Preempting", "Queueing")
 
 
 def _clamp(cap: int, params: LawParams) -> int:
@@ -190,7 +189,7 @@ def _cut(
 ) -> ReplicaControl:
     """Under pressure: cut below the cap where the pressure showed, unless the last cut is still taking effect."""
     since = math.inf if previous.changed_at is None else now - previous.changed_at
-    cut_last = previous.reason in _PRESSURE_REASONS
+    cut_last = pressure_reason_named(previous.reason) is not None
     live = signals.live_sessions
     severe = _severe(signals, params)
     quarantine = params.quarantine_on == "any" or (severe and params.quarantine_on == "severe")

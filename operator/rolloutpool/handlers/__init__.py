@@ -1,9 +1,8 @@
 """The operator's kopf handlers: the only importer of kopf.
 
-Importing this package registers the handlers with kopf's default registry
-(:mod:`rolloutpool.handlers.lifecycle`); ``rolloutpool operator`` then runs kopf.
+Importing :mod:`rolloutpool.handlers.lifecycle` registers the handlers with kopf's default
+registry; ``rolloutpool operator`` then runs kopf. The pass itself (:mod:`rolloutpool.handlers.passes`)
+needs neither kopf nor the kubernetes client: it runs over a :class:`~rolloutpool.kube.port.KubePort`.
 """
 
-from rolloutpool.handlers import lifecycle
-
-__all__ = ["lifecycle"]
+__all__: list[str] = []

@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
-
 from rolloutpool.kube.children import Child, apply_child, delete_child, patch_annotations
+from rolloutpool.kube.port import KubePort
 from rolloutpool.reconcile.children import needs_update
 from rolloutpool.reconcile.engines import EnginePlan
 from rolloutpool.reconcile.labels import ANNOTATION_DRAIN_STARTED
@@ -38,13 +37,11 @@ def _needs_update(observed: dict[str, Any], desired: dict[str, Any]) -> bool:
     return needs_update(observed=observed, desired=desired)
 
 
-async def apply_router(
-    api: client.ApiClient, objects: Sequence[dict[str, Any]], *, namespace: str, pool: str
-) -> list[Child]:
+async def apply_router(kube: KubePort, objects: Sequence[dict[str, Any]], *, namespace: str, pool: str) -> list[Child]:
     """Create or patch the router's ServiceAccount, Role, RoleBinding, Service and Deployment, in order."""
     done: list[Child] = []
     for desired in objects:
-        child = await asyncio.to_thread(apply_child, api, desired, needs_update=_needs_update)
+        child = await asyncio.to_thread(apply_child, kube, desired, needs_update=_needs_update)
         if child.outcome != "unchanged":
             _log.info("%s %s pool=%s/%s kind=%s", child.outcome.capitalize(), child.name, namespace, pool, child.kind)
         done.append(child)
@@ -52,7 +49,7 @@ async def apply_router(
 
 
 async def act_engines(
-    api: client.ApiClient,
+    kube: KubePort,
     plan: EnginePlan,
     *,
     namespace: str,
@@ -66,14 +63,14 @@ async def act_engines(
     for name in plan.start_drain:
         reason = plan.reasons.get(name, "ScaleDown")
         await asyncio.to_thread(
-            patch_annotations, api, "Pod", namespace, name, {ANNOTATION_DRAIN_STARTED: f"{now:.3f}"}
+            patch_annotations, kube, "Pod", namespace, name, {ANNOTATION_DRAIN_STARTED: f"{now:.3f}"}
         )
         live = live_sessions.get(name, 0)
         _log.info("Started drain of %s pool=%s/%s reason=%s live_sessions=%d", name, namespace, pool, reason, live)
     for end in plan.end_drain:
         if end.reason == "Cancelled":
             await asyncio.to_thread(
-                patch_annotations, api, "Pod", namespace, end.name, {ANNOTATION_DRAIN_STARTED: None}
+                patch_annotations, kube, "Pod", namespace, end.name, {ANNOTATION_DRAIN_STARTED: None}
             )
         live = live_sessions.get(end.name, 0)
         _log.info(
@@ -81,11 +78,11 @@ async def act_engines(
         )
     for name in plan.delete:
         uid = (pods.get(name, {}).get("metadata") or {}).get("uid")
-        if await asyncio.to_thread(delete_child, api, "Pod", namespace, name, uid=uid):
+        if await asyncio.to_thread(delete_child, kube, "Pod", namespace, name, uid=uid):
             acted.deleted.append(name)
             _log.info("Deleted %s pool=%s/%s reason=%s", name, namespace, pool, plan.reasons.get(name, "Unknown"))
     created = await asyncio.gather(
-        *(asyncio.to_thread(apply_child, api, manifest, needs_update=_needs_update) for manifest in plan.create)
+        *(asyncio.to_thread(apply_child, kube, manifest, needs_update=_needs_update) for manifest in plan.create)
     )  # side by side: a pool's pods are independent, and each create is one round trip
     for child in created:
         if child.outcome == "created":

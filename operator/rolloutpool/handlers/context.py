@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from kubernetes import client
+from typing import Any, Protocol
 
 from rolloutpool.autoscale import MetricsHealth, ReplicaSignals
 from rolloutpool.handlers.workers import PoolKey, PoolWorkers
+from rolloutpool.kube.port import KubePort
 from rolloutpool.metrics.routerstats import RouterStats
+from rolloutpool.reconcile.control import ControlMemo
+from rolloutpool.reconcile.decide import PassSettings, Recall
 
-__all__ = ["OperatorContext", "PoolMemory", "SignalsReader"]
+__all__ = ["EventPoster", "OperatorContext", "PoolMemory", "SignalsReader"]
+
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
+"""Post one Event on a pool object: (pool, type, reason, message)."""
 
 
 class SignalsReader(Protocol):
@@ -48,16 +52,26 @@ class PoolMemory:
     seen_generation: int | None = None
     """Generation of the last pool event that poked the worker."""
 
+    def recall(self) -> Recall:
+        """The part a pass decides from (:func:`rolloutpool.reconcile.decide.decide`)."""
+        control = ControlMemo(control_at=self.control_at, signals=self.signals, health=self.health)
+        return Recall(self.router_generation, self.router_applied_at, control)
+
+    def keep_control(self, memo: ControlMemo) -> None:
+        """Remember what the slow loop read in this pass."""
+        self.control_at, self.signals, self.health = memo.control_at, memo.signals, memo.health
+
 
 @dataclass
 class OperatorContext:
     """The operator's clients and workers, kept in kopf's ``memo`` from startup to cleanup."""
 
-    api: client.ApiClient
+    kube: KubePort
     prometheus: Callable[[str], SignalsReader]
     router_stats: Callable[[Sequence[str]], RouterStats]
     workers: PoolWorkers
     image: str
+    post_event: EventPoster
     status_interval: float = 5.0
     """Seconds between two status refreshes of a pool at rest."""
     busy_interval: float = 1.0
@@ -65,6 +79,11 @@ class OperatorContext:
     router_resync_seconds: float = 60.0
     """How often router objects are re-checked when nothing about them changed."""
     memory: dict[PoolKey, PoolMemory] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> PassSettings:
+        """The knobs of a pass."""
+        return PassSettings(self.image, self.status_interval, self.busy_interval, self.router_resync_seconds)
 
     def remember(self, key: PoolKey) -> PoolMemory:
         """The memory of one pool, created on first use."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import kopf
 
@@ -18,6 +18,7 @@ from rolloutpool.api.status import API_GROUP, PLURAL
 from rolloutpool.handlers.context import OperatorContext
 from rolloutpool.handlers.passes import reconcile_pool
 from rolloutpool.handlers.workers import PoolKey, PoolWorkers
+from rolloutpool.kube.client import KubeClient
 from rolloutpool.kube.pods import api_client
 from rolloutpool.metrics.prom import PrometheusSignals
 from rolloutpool.metrics.routerstats import RouterStats, read_router_stats
@@ -53,6 +54,10 @@ def _router_stats(urls: Sequence[str]) -> RouterStats:
     return read_router_stats(urls, timeout_seconds=2.0)
 
 
+def _post_event(pool: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(kopf.Body(cast(kopf.RawBody, pool)), type=type_, reason=reason, message=message)
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Set kopf's settings and put the clients and the pool workers in ``memo``."""
@@ -79,11 +84,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         return await reconcile_pool(context, key)
 
     context = OperatorContext(
-        api=api,
+        kube=KubeClient(api),
         prometheus=PrometheusReaders(),
         router_stats=_router_stats,
         workers=PoolWorkers(run_pass),
         image=os.environ.get(IMAGE_ENV, DEFAULT_IMAGE),
+        post_event=_post_event,
         status_interval=float(memo.get("status_interval") or 5.0),
     )
     memo.context = context
@@ -100,7 +106,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     prometheus = context.prometheus
     if isinstance(prometheus, PrometheusReaders):
         await asyncio.to_thread(prometheus.close)
-    await asyncio.to_thread(context.api.close)
+    await asyncio.to_thread(context.kube.close)
     _log.info("Stopped operator pools=%d", len(context.memory))
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
 
+from rolloutpool.kube.port import KubePort
 from rolloutpool.kube.watch import ThreadWatch
 from rolloutpool.routing.discovery import ReplicaEvent, replica_event
 
@@ -42,7 +42,7 @@ class PodWatch(ThreadWatch[ReplicaEvent]):
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: client.ApiClient | KubePort,
         *,
         namespace: str,
         selector: str,
@@ -50,16 +50,11 @@ class PodWatch(ThreadWatch[ReplicaEvent]):
         default_port: int = 8000,
         timeout_seconds: int = 60,
     ) -> None:
-        super().__init__(api, timeout_seconds=timeout_seconds)
-        self.core = client.CoreV1Api(api)
-        self.namespace = namespace
+        super().__init__(api, kind="Pod", namespace=namespace, label_selector=selector, timeout_seconds=timeout_seconds)
         self.selector = selector
         self.port_name = port_name
         self.default_port = default_port
         self._known: set[str] = set()
-
-    def list_call(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        return self.core.list_namespaced_pod, (self.namespace,), {"label_selector": self.selector}
 
     def _event(self, event_type: str, pod: dict[str, Any]) -> ReplicaEvent:
         return replica_event(event_type, pod, port_name=self.port_name, default_port=self.default_port)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 
-from rolloutpool.api.status import API_GROUP, API_VERSION, PLURAL
+from rolloutpool.api.status import KIND
+from rolloutpool.kube.port import KubePort
 from rolloutpool.kube.watch import ThreadWatch
 from rolloutpool.routing.discovery import OperatorLimit, operator_limits
 
@@ -19,15 +19,12 @@ class PoolWatch(ThreadWatch[dict[str, OperatorLimit]]):
 
     what = "rolloutpool"
 
-    def __init__(self, api: client.ApiClient, *, namespace: str, name: str, timeout_seconds: int = 60) -> None:
-        super().__init__(api, timeout_seconds=timeout_seconds)
-        self.custom = client.CustomObjectsApi(api)
-        self.namespace = namespace
+    def __init__(
+        self, api: client.ApiClient | KubePort, *, namespace: str, name: str, timeout_seconds: int = 60
+    ) -> None:
+        fields = f"metadata.name={name}"
+        super().__init__(api, kind=KIND, namespace=namespace, field_selector=fields, timeout_seconds=timeout_seconds)
         self.name = name
-
-    def list_call(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        args = (API_GROUP, API_VERSION, self.namespace, PLURAL)
-        return self.custom.list_namespaced_custom_object, args, {"field_selector": f"metadata.name={self.name}"}
 
     def on_list(self, objects: list[dict[str, Any]]) -> list[dict[str, OperatorLimit]]:
         return [operator_limits(objects[0]) if objects else {}]

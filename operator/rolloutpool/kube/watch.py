@@ -1,22 +1,26 @@
 """List-then-watch of one kind of object in a daemon thread, delivered to asyncio.
 
-The synchronous kubernetes client runs in one thread per watch: it lists the
-objects, then watches from that resource version, listing again on expiry (410) or
-a dropped stream. Subclasses turn the listing and each event into items of their
-own type; items cross to the event loop through ``loop.call_soon_threadsafe``.
+A :class:`~rolloutpool.kube.port.KubePort` (the real client, or the fake in tests) runs in one
+thread per watch: it lists the objects, then watches from that resource version, listing again
+on expiry (410), and watching again from the last version seen after a dropped stream.
+Subclasses turn the listing and each event into items of their own type; items cross to the
+event loop through ``loop.call_soon_threadsafe``.
 :meth:`ThreadWatch.stop` ends the stream promptly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
+
+from rolloutpool.kube.client import KubeClient
+from rolloutpool.kube.port import GONE, KubeError, KubePort, WatchStream
 
 __all__ = ["ThreadWatch"]
 
@@ -28,19 +32,30 @@ class ThreadWatch(Generic[T]):
     """Base of the watches: subclasses say what to list and how to convert."""
 
     what = "objects"
+    retry_seconds = 2.0
+    """Pause after a failed list or watch before trying again."""
 
-    def __init__(self, api: client.ApiClient, *, timeout_seconds: int = 60) -> None:
-        self.api = api
+    def __init__(
+        self,
+        api: client.ApiClient | KubePort,
+        *,
+        kind: str,
+        namespace: str,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout_seconds: int = 60,
+    ) -> None:
+        self.kube: KubePort = KubeClient(api) if isinstance(api, client.ApiClient) else api
+        self.kind = kind
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
         self.timeout_seconds = timeout_seconds
         self._stop = threading.Event()
-        self._watch: watch.Watch | None = None
+        self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
 
     # -- to override ------------------------------------------------------------------
-
-    def list_call(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        """The client's list function with its arguments (also used to watch)."""
-        raise NotImplementedError
 
     def on_list(self, objects: list[dict[str, Any]]) -> list[T]:
         """Items for a full listing."""
@@ -55,8 +70,8 @@ class ThreadWatch(Generic[T]):
     def stop(self) -> None:
         """End the watch thread (returns at once; the thread exits within a moment)."""
         self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
+        if self._stream is not None:
+            self._stream.stop()
 
     def join(self, timeout: float) -> bool:
         """Wait for the watch thread to end after :meth:`stop`; returns whether it did."""
@@ -71,7 +86,9 @@ class ThreadWatch(Generic[T]):
         queue: asyncio.Queue[tuple[T, ...] | None] = asyncio.Queue()
 
         def emit(items: tuple[T, ...] | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, items)
+            if not loop.is_closed():  # a watch stopped at shutdown may end after its loop
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(queue.put_nowait, items)
 
         self._thread = threading.Thread(target=self._run, args=(emit,), name=f"watch-{self.what}", daemon=True)
         self._thread.start()
@@ -82,37 +99,37 @@ class ThreadWatch(Generic[T]):
         finally:
             self.stop()
 
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        data: dict[str, Any] = obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
-        return data
-
     def _run(self, emit: Callable[[tuple[T, ...] | None], None]) -> None:
-        func, args, kwargs = self.list_call()
+        selectors = {"label_selector": self.label_selector, "field_selector": self.field_selector}
         resource_version: str | None = None
         while not self._stop.is_set():
             try:
                 if resource_version is None:
-                    listing = self._plain(func(*args, **kwargs))
-                    resource_version = (listing.get("metadata") or {}).get("resourceVersion")
-                    emit(tuple(self.on_list([self._plain(o) for o in listing.get("items") or []])))
-                self._watch = watch.Watch()
-                for raw in self._watch.stream(
-                    func, *args, resource_version=resource_version, timeout_seconds=self.timeout_seconds, **kwargs
-                ):
+                    listing = self.kube.list(self.kind, self.namespace, **selectors)
+                    resource_version = listing.resource_version
+                    emit(tuple(self.on_list(listing.items)))
+                self._stream = self.kube.watch(
+                    self.kind,
+                    self.namespace,
+                    resource_version=resource_version,
+                    timeout_seconds=self.timeout_seconds,
+                    **selectors,
+                )
+                for event in self._stream:
                     if self._stop.is_set():
                         break
-                    obj = self._plain(raw["object"])
+                    obj = event.object
                     resource_version = (obj.get("metadata") or {}).get("resourceVersion", resource_version)
-                    emit(tuple(self.on_event(raw["type"], obj)))
-            except ApiException as exc:
-                if exc.status == 410:  # resource version too old: list again
+                    emit(tuple(self.on_event(event.type, obj)))
+            except KubeError as exc:
+                if exc.status == GONE:  # resource version too old: list again
                     resource_version = None
                     continue
                 _log.warning("Failed to watch %s status=%s", self.what, exc.status)
-                self._stop.wait(2.0)
+                self._stop.wait(self.retry_seconds)
             except Exception as exc:  # a dropped stream or an unreachable API server
                 if self._stop.is_set():
                     break
                 _log.warning("Lost watch of %s error=%s", self.what, type(exc).__name__)
-                self._stop.wait(2.0)
+                self._stop.wait(self.retry_seconds)
         emit(None)

@@ -35,6 +35,7 @@ from rolloutpool.capacity import (
 )
 from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.reconcile.labels import MAX_POOL_NAME_LENGTH
+from rolloutpool.routing.pressure import pressure_reason_named
 
 __all__ = [
     "DEFAULT_CEILING",
@@ -166,6 +167,12 @@ def _timestamp(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
 
+def _current_spelling(reason: str | None) -> str | None:
+    """A reason as this release spells it (a status written by an earlier one may say ``LivePrefixEviction``)."""
+    named = pressure_reason_named(reason)
+    return named.value if named is not None else reason
+
+
 def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaControl]:
     """The law's state per replica as the last status recorded it, so it survives a restart (pure).
 
@@ -182,7 +189,9 @@ def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaC
             cap=entry.cap,
             changed_at=_timestamp(entry.cap_changed_at),
             quarantined=entry.quarantined and not lifecycle,
-            reason=entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason),
+            reason=_current_spelling(
+                entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason)
+            ),
             limit=entry.cap_limit,
             limit_at=_timestamp(entry.cap_limit_at),
         )

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Literal
 
 from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
+from rolloutpool.routing.pressure import LEGACY_SPELLINGS, PressureReason
 
 __all__ = [
     "CONDITION_TYPES",
@@ -26,9 +27,8 @@ CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ReplicasQuarantined", "M
 EventType = Literal["Normal", "Warning"]
 
 _WORDS = {
-    "LivePrefixEviction": "evicting",
-    "Preempting": "preempting",
-    "Queueing": "queueing",
+    **{reason.value: reason.value.lower() for reason in PressureReason},
+    **{legacy: reason.value.lower() for legacy, reason in LEGACY_SPELLINGS.items()},
     "Draining": "draining",
     "Drained": "drained",
     "DrainTimeout": "drain timed out",
@@ -52,7 +52,7 @@ class EventIntent:
 
 
 def quarantine_word(reason: str | None) -> str:
-    """A replica's quarantine reason as a word for messages: ``LivePrefixEviction`` -> ``evicting`` (pure)."""
+    """A replica's quarantine reason as a word for messages: ``Evicting`` -> ``evicting`` (pure)."""
     if not reason:
         return "unknown"
     return _WORDS.get(reason, reason[:1].lower() + reason[1:])
