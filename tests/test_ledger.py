@@ -151,7 +151,8 @@ def test_an_unready_replica_loses_its_sessions_on_their_next_turn() -> None:
 
 
 def test_fast_quarantine_from_a_shortfall_uses_the_replicas_block_size() -> None:
-    config = LedgerConfig(caps=CapRule(), quarantine=QuarantineConfig(min_evicted_tokens=1, evicted_fraction=0.0))
+    quarantine = QuarantineConfig(min_evicted_tokens=1, evicted_fraction=0.0, min_window_tokens=1)
+    config = LedgerConfig(caps=CapRule(), quarantine=quarantine)
     ledger = Ledger(config, policy=SessionAware())
     ledger.add_replica("a", now=0.0)
     ledger.set_capacity("a", capacity_tokens=None, block_size=128, now=0.0)

@@ -162,8 +162,8 @@ def test_quarantine_on_live_eviction_with_hysteresis_and_lift_on_finish() -> Non
     state = PressureState(QuarantineConfig(hold_seconds=10))
     assert state.observe_response(now=0, expected_cached=4000, cached=3990) == 10
     assert not state.quarantined  # a few tokens short is noise
-    assert state.observe_response(now=1, expected_cached=4000, cached=512) == 3488
-    assert state.quarantined
+    assert state.observe_response(now=1, expected_cached=8000, cached=512) == 7488
+    assert state.quarantined  # one long context's worth within the window
     assert state.reason == "Evicting"
     state.observe_scrape(now=5, preemptions_total=0, waiting=0)
     assert state.quarantined  # held for 10 s after the last pressure
@@ -175,6 +175,28 @@ def test_quarantine_on_live_eviction_with_hysteresis_and_lift_on_finish() -> Non
     state.session_finished()
     assert not state.quarantined
     assert state.quarantines == 2
+
+
+def test_short_evictions_quarantine_only_when_they_add_up_within_the_window() -> None:
+    state = PressureState(QuarantineConfig(min_window_tokens=4096, window_seconds=10))
+    for t in range(0, 60, 6):  # a 1,000-token prefix lost every 6 s: LRU churn, not pressure
+        assert state.observe_response(now=t, expected_cached=1024, cached=0) == 1024
+    assert not state.quarantined
+    for t in (60.0, 61.0, 62.0):  # four within 10 s: 4,096 tokens re-prefilled
+        state.observe_response(now=t, expected_cached=1024, cached=0)
+    assert state.quarantined
+    assert state.reason == "Evicting"
+
+
+def test_a_queue_with_free_kv_blocks_is_not_pressure() -> None:
+    state = PressureState(QuarantineConfig(waiting_scrapes=3, queue_kv_usage=0.9))
+    for t in range(6):  # requests wait for compute (or max_num_seqs) while blocks are free
+        state.observe_scrape(now=t, preemptions_total=0, waiting=4, kv_usage=0.4)
+    assert not state.quarantined
+    for t in range(6, 9):
+        state.observe_scrape(now=t, preemptions_total=0, waiting=4, kv_usage=0.97)
+    assert state.quarantined
+    assert state.reason == "Queueing"
 
 
 def test_quarantine_on_persistent_queue_only() -> None:

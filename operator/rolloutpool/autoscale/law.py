@@ -98,7 +98,9 @@ class LawParams:
     preemptions_per_s: float = 0.01
     """Preemption rate above which a replica is under pressure (0.01/s: more than one in a 2-minute window)."""
     waiting_threshold: float = 1.0
-    """Waiting requests above which a replica is under pressure."""
+    """Waiting requests above which a replica is under pressure..."""
+    queue_kv_usage: float = 0.9
+    """...while its KV usage is at least this (when known): a queue with free KV blocks is not KV pressure."""
     rate_window_seconds: float = 120.0
     """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
     slow_start_factor: float = 1.15
@@ -141,13 +143,17 @@ def pressure_reason(signals: ReplicaSignals, params: LawParams) -> PressureReaso
     """The pressure a replica shows, most telling first, or None (pure).
 
     Re-prefill of live sessions and preemptions are eviction; a waiting queue is the symptom
-    that follows. Cache churn of finished sessions is not pressure: it shows in none of these.
+    that follows, and counts only while the KV cache is at least ``queue_kv_usage`` full (when
+    the usage is known): requests that wait while blocks are free wait for compute or
+    ``max_num_seqs``, which a cut cap does not relieve. Cache churn of finished sessions is not
+    pressure: it shows in none of these; nor does KV usage near the target by itself.
     """
     if (signals.reprefill_tokens_per_s or 0.0) > params.reprefill_tokens_per_s:
         return PressureReason.EVICTING
     if (signals.preemptions_per_s or 0.0) > params.preemptions_per_s:
         return PressureReason.PREEMPTING
-    if (signals.waiting or 0.0) > params.waiting_threshold:
+    full = signals.kv_usage is None or signals.kv_usage >= params.queue_kv_usage
+    if (signals.waiting or 0.0) > params.waiting_threshold and full:
         return PressureReason.QUEUEING
     return None
 

@@ -164,7 +164,9 @@ class Scraper:
         runtime.last_scrape = self.manager.clock()
         runtime.signals = {k: v for k, v in signals.as_dict().items() if v is not None}
         self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
-        self.manager.observe_scrape(name, preemptions_total=signals.preemptions_total, waiting=signals.waiting)
+        self.manager.observe_scrape(
+            name, preemptions_total=signals.preemptions_total, waiting=signals.waiting, kv_usage=signals.kv_cache_usage
+        )
         self.manager.set_ready(name, True)
 
     async def run(self) -> None:

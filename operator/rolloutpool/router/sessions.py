@@ -407,9 +407,14 @@ class SessionManager:
                 _log.info("Set operator limits replica=%s limits=%s", name, limit)
         self._dispatch()
 
-    def observe_scrape(self, name: str, *, preemptions_total: float, waiting: float) -> None:
+    def observe_scrape(
+        self, name: str, *, preemptions_total: float, waiting: float, kv_usage: float | None = None
+    ) -> None:
         """Feed a scrape's pressure signals to the replica's quarantine state."""
-        self.ledger.observe_scrape(name, now=self.clock(), preemptions_total=preemptions_total, waiting=waiting)
+        now = self.clock()
+        self.ledger.observe_scrape(
+            name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage
+        )
         self._dispatch()
 
     def set_draining(self, name: str, draining: bool) -> None:

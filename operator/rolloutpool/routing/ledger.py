@@ -415,13 +415,15 @@ class Ledger:
         self._sync_quarantine(name, now=now)
         return True
 
-    def observe_scrape(self, name: str, *, now: float, preemptions_total: float, waiting: float) -> None:
+    def observe_scrape(
+        self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
+    ) -> None:
         """A scrape's pressure signals, fed to the replica's fast quarantine."""
         pressure = self.limits[name].pressure
         if pressure is None:
             return
         before = pressure.quarantines
-        pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting)
+        pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)
         self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
 
     def _apply_cap(self, name: str, *, now: float) -> None:

@@ -4,9 +4,13 @@ Signals, per replica:
 
 - re-prefill: a returning session whose ``cached_tokens`` falls short of the context
   it had after its previous turn (whole blocks) by more than a tolerance. Only live
-  sessions return, so the churn of finished sessions' cached blocks never counts;
+  sessions return, so the churn of finished sessions' cached blocks never counts; and
+  the shortfalls within ``window_seconds`` must add up to ``min_window_tokens``: LRU churn
+  that costs a few short prefixes now and then is not pressure (quarantine does not stop it);
 - preemptions: the engine's preemption counter moved since the last scrape;
-- a waiting queue seen on several consecutive scrapes.
+- a waiting queue seen on several consecutive scrapes while the KV cache is nearly full
+  (``queue_kv_usage``; when the usage is known): requests that wait while blocks are free
+  wait for compute or ``max_num_seqs``, which no cap on sessions relieves.
 
 Any signal quarantines the replica (no new sessions). It is lifted when no signal
 has been seen for ``hold_seconds``, or as soon as one of its sessions finishes (a
@@ -15,7 +19,8 @@ slot freed, so taking one new session does not add pressure).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 __all__ = ["PressureState", "QuarantineConfig", "expected_cached_tokens"]
 
@@ -28,8 +33,14 @@ class QuarantineConfig:
     """A shortfall of at least this many cached tokens counts as eviction."""
     evicted_fraction: float = 0.25
     """...and at least this fraction of the expected cached tokens."""
+    window_seconds: float = 10.0
+    """Evicted re-prefill counts as pressure when the shortfalls within this window..."""
+    min_window_tokens: int = 4096
+    """...add up to at least this many tokens (one long context's worth, a dozen short ones)."""
     waiting_scrapes: int = 3
     """Consecutive scrapes with waiting requests that count as pressure."""
+    queue_kv_usage: float = 0.9
+    """...while KV usage is at least this (when the scrape has it): a queue with free blocks is not KV pressure."""
     hold_seconds: float = 10.0
     """Quarantine lasts at least this long after the last sign of pressure."""
     lift_on_finish: bool = True
@@ -60,6 +71,9 @@ class PressureState:
     last_preemptions: float | None = None
     quarantines: int = 0
     """How many times the replica entered quarantine."""
+    evicted: deque[tuple[float, int]] = field(default_factory=deque)
+    """(time, shortfall) of recent evictions, within ``window_seconds``."""
+    evicted_sum: int = 0
 
     def _pressure(self, now: float, reason: str) -> None:
         if not self.quarantined:
@@ -73,15 +87,23 @@ class PressureState:
         shortfall = max(0, expected_cached - cached)
         cfg = self.config
         if shortfall >= cfg.min_evicted_tokens and shortfall >= cfg.evicted_fraction * expected_cached:
-            self._pressure(now, "Evicting")
+            self.evicted.append((now, shortfall))
+            self.evicted_sum += shortfall
+            while self.evicted and self.evicted[0][0] < now - cfg.window_seconds:
+                self.evicted_sum -= self.evicted.popleft()[1]
+            if self.evicted_sum >= cfg.min_window_tokens:
+                self._pressure(now, "Evicting")
         return shortfall
 
-    def observe_scrape(self, *, now: float, preemptions_total: float, waiting: float) -> None:
-        """A scrape of the engine's metrics."""
+    def observe_scrape(
+        self, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
+    ) -> None:
+        """A scrape of the engine's metrics (``kv_usage``: 0..1, None when the scrape lacks it)."""
         if self.last_preemptions is not None and preemptions_total > self.last_preemptions:
             self._pressure(now, "Preempting")
         self.last_preemptions = preemptions_total
-        self.waiting_streak = self.waiting_streak + 1 if waiting > 0 else 0
+        full = kv_usage is None or kv_usage >= self.config.queue_kv_usage
+        self.waiting_streak = self.waiting_streak + 1 if waiting > 0 and full else 0
         if self.waiting_streak >= self.config.waiting_scrapes:
             self._pressure(now, "Queueing")
         if self.quarantined and now - self.last_pressure >= self.config.hold_seconds:

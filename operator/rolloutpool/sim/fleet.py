@@ -351,6 +351,7 @@ class _Fleet:
                 now=self.now,
                 preemptions_total=driver.engine.counters.preemptions,
                 waiting=len(driver.engine.waiting),
+                kv_usage=driver.engine.pool.usage,
             )
             self._dispatch()
         if self.renewals is not None:

@@ -1,0 +1,128 @@
+"""Admission by projected KV tokens: projections, the cap they give, and the ledger keeping it current."""
+
+from __future__ import annotations
+
+import pytest
+
+from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.routing.admission_kv import KvAdmissionConfig, KvProjection
+from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.events import Bound, Queued
+from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
+from rolloutpool.routing.policies import Placement, SessionAware
+
+MAX_LEN = 32768
+CAPACITY = 380_000
+
+
+def _ledger(**rule: object) -> Ledger:
+    ledger = Ledger(
+        LedgerConfig(caps=CapRule(max_model_len=MAX_LEN, **rule), quarantine=None),  # type: ignore[arg-type]
+        policy=SessionAware(),
+    )
+    ledger.add_replica("a", now=0.0, capacity_tokens=CAPACITY)
+    return ledger
+
+
+def _rollout(ledger: Ledger, sid: str, contexts: list[int], *, now: float) -> None:
+    """A whole session: placed, one turn per context, finished."""
+    arrival = ledger.arrive(Placement(sid), now=now)
+    assert isinstance(arrival, Bound)
+    session = arrival.session
+    for i, context in enumerate(contexts):
+        ledger.turn_started(session)
+        ledger.finish_turn(session, now=now + i, usage=Usage(context - 100, 100, None))
+        ledger.turn_ended(session, now=now + i)
+    ledger.release(sid, how="finished", now=now + len(contexts))
+
+
+def test_a_cold_router_admits_what_the_residency_cap_would() -> None:
+    ledger = _ledger()
+    expected = oversubscribed_cap(capacity_tokens=CAPACITY, max_model_len=MAX_LEN, expected_residency=0.5, headroom=0.1)
+    assert ledger.cap_of("a") == expected == 20
+
+
+def test_short_contexts_raise_the_cap_far_above_the_residency_guess_up_to_the_ceiling() -> None:
+    ledger = _ledger()
+    for i in range(300):
+        _rollout(ledger, f"s{i}", [1200, 1800, 2400], now=float(i))
+    cap = ledger.cap_of("a")
+    assert cap is not None
+    assert cap > 100  # ~2.4k-token rollouts: the 20 of the residency guess would queue them
+    assert _ledger(ceiling=64).cap_of("a") == 20  # cold: the guess, under the ceiling
+    capped = _ledger(ceiling=64)
+    for i in range(300):
+        _rollout(capped, f"s{i}", [1200, 1800, 2400], now=float(i))
+    assert capped.cap_of("a") == 64
+
+
+def test_long_contexts_keep_the_cap_near_twice_the_floor() -> None:
+    ledger = _ledger()
+    for i in range(300):
+        _rollout(ledger, f"s{i}", [8000, 16000, 24000, 32000], now=float(i))
+    # floor 11; a new 8k session projects 8k + a quarter of its 24k growth: 342k / 14k = 24 (simulate-caps found
+    # 23-26 the best fixed caps on long-context and bimodal at 3x)
+    assert ledger.cap_of("a") == 24
+
+
+def test_a_session_that_outlived_the_short_mode_is_projected_towards_the_long_one() -> None:
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
+    for i in range(400):  # 70 % end near 2k, 30 % near 30k
+        sid = f"s{i}"
+        kv.bound(sid, "a", context=1000)
+        final = 30000 if i % 10 < 3 else 2000
+        kv.turn_finished(sid, "a", context=final)
+        kv.released(sid, finished=True)
+    assert kv.final_estimate() < 12000
+    assert kv.final_estimate(5000) > 28000
+    assert kv.project(5000) == pytest.approx(5000 + 0.25 * (kv.final_estimate(5000) - 5000))
+    assert kv.project(1000) < kv.project(5000) < 12000
+
+
+def test_projections_follow_the_sessions_and_room_is_never_negative() -> None:
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN, headroom=0.1))
+    kv.bound("x", "a", context=30000)
+    kv.bound("y", "a", context=30000)
+    assert kv.replicas["a"].tokens == pytest.approx(kv.project(30000) * 2)
+    assert kv.room("a", capacity_tokens=40000) == 0
+    kv.bound("x", "b", context=30000)  # moved: leaves a
+    assert set(kv.replicas["a"].sessions) == {"y"}
+    kv.released("y", finished=False)
+    assert kv.replicas["a"].tokens == 0.0
+    kv.replica_removed("b")
+    assert "b" not in kv.replicas
+
+
+@pytest.mark.parametrize(
+    ("rule", "replica_cap", "operator", "expected"),
+    [
+        (CapRule(max_model_len=MAX_LEN), None, None, 7 + 40),
+        (CapRule(max_model_len=MAX_LEN, ceiling=30), None, None, 30),
+        (CapRule(max_model_len=MAX_LEN, kv_admission=False), None, None, 20),
+        (CapRule(max_model_len=MAX_LEN), 5, None, 5),  # a fixed cap is the user's: no projection
+        (CapRule(max_model_len=MAX_LEN), None, 25, 25),  # the operator's law has measurements
+    ],
+)
+def test_effective_cap_uses_the_room_only_for_derived_caps(
+    rule: CapRule, replica_cap: int | None, operator: int | None, expected: int
+) -> None:
+    cap = effective_cap(
+        rule, replica_cap=replica_cap, capacity_tokens=CAPACITY, operator_cap=operator, live=7, kv_room=40
+    )
+    assert cap == expected
+
+
+def test_a_queued_session_is_admitted_when_a_finish_frees_projected_tokens() -> None:
+    ledger = _ledger()
+    ledger.set_capacity("a", capacity_tokens=120_000, block_size=None, now=0.0)
+    bound = []
+    for i in range(10):
+        arrival = ledger.arrive(Placement(f"s{i}", prompt_tokens=16000), now=0.0)
+        if not isinstance(arrival, Bound):
+            assert isinstance(arrival, Queued)
+            break
+        bound.append(arrival.session)
+    assert 1 <= len(bound) < 10
+    ledger.take_events()
+    ledger.release(bound[0].session_id, how="finished", now=1.0)
+    assert any(type(e).__name__ == "Admitted" for e in ledger.take_events())
