@@ -76,7 +76,9 @@ async def test_hanging_replica_is_a_504_within_the_timeout() -> None:
 
 
 async def test_collapsing_cached_tokens_quarantine_the_replica() -> None:
-    quarantine = QuarantineConfig(min_evicted_tokens=32, evicted_fraction=0.25, hold_seconds=600, waiting_scrapes=1000)
+    quarantine = QuarantineConfig(
+        min_evicted_tokens=32, evicted_fraction=0.25, min_window_tokens=32, hold_seconds=600, waiting_scrapes=1000
+    )
     async with (
         engines(1, num_gpu_blocks=48, max_model_len=512) as urls,
         router(urls, quarantine=quarantine, queue_timeout_s=0.3, admin_token=TOKEN) as rt,
