@@ -79,7 +79,7 @@ class AdaptiveCaps:
         return cls(names=names, params=params, capacity_tokens=capacity_tokens)
 
     def _signals(
-        self, *, name: str, now: float, engine: Engine, live: int, reprefill: int, queued: int
+        self, *, name: str, now: float, engine: Engine, live: int, reprefill: int, queued: int, kv_cap: int | None
     ) -> ReplicaSignals:
         c = engine.counters
         scrapes = self._scrapes[name]
@@ -100,6 +100,7 @@ class AdaptiveCaps:
             live_sessions=live,
             queued_sessions=queued,
             sampled_at=now,
+            kv_cap=kv_cap,
         )
 
     def step(
@@ -110,12 +111,15 @@ class AdaptiveCaps:
         live: Mapping[str, int],
         reprefill: Mapping[str, int],
         queued: int,
+        kv_caps: Mapping[str, int | None] | None = None,
     ) -> dict[str, ReplicaControl]:
         """One control step over every replica; returns the new controls."""
         for name, engine in engines.items():
+            kv_cap = None if kv_caps is None else kv_caps.get(name)
             signals = self._signals(
-                name=name, now=now, engine=engine, live=live[name], reprefill=reprefill[name], queued=queued
-            )
+                name=name, now=now, engine=engine, live=live[name], reprefill=reprefill[name], queued=queued,
+                kv_cap=kv_cap,
+            )  # fmt: skip
             before = self.controls[name]
             after = decide_replica(previous=before, signals=signals, params=self.params, now=now)
             self.cuts += after.cap < before.cap

@@ -385,9 +385,14 @@ class _Fleet:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
         engines = {n: d.engine for n, d in self.drivers.items()}
         live = {n: self.table.replicas[n].live for n in self.names}
+        kv = self.ledger.kv
+        kv_caps = None
+        if kv is not None and self.cfg.kv_admission:  # what the router's KV projection would admit (a metric)
+            kv_caps = {n: live[n] + kv.room(n, capacity_tokens=self.capacity) for n in self.names}
         controls = self.law.step(
-            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue)
-        )
+            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue),
+            kv_caps=kv_caps,
+        )  # fmt: skip
         for name, control in controls.items():  # what the operator writes into the pool's status
             limit = OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
             self.ledger.set_operator_limit(name, limit, now=self.now)
