@@ -54,8 +54,9 @@ class ReplicaSignals:
     sampled_at: float | None = None
     """Unix time of the newest sample these values come from."""
     kv_cap: int | None = None
-    """The cap the router's projection of its live sessions' KV tokens gives (``live + room``,
-    :mod:`rolloutpool.routing.admission_kv`); the slow start jumps to it. None: not known."""
+    """Sessions the measured contexts make room for: 90 % of the KV capacity over the 90th percentile of finished
+    sessions' final contexts (:meth:`rolloutpool.routing.admission_kv.KvProjection.measured_floor`), the
+    conservative floor with a measurement in place of ``maxModelLen``; the slow start jumps to it. None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,6 @@ class LawParams:
     """KV usage from which the slow start climbs by ``slow_start_near_factor`` instead: nearer the cliff, whose
     signal lags the cap by minutes, a fast climb overshoots into a storm."""
     slow_start_near_factor: float = 1.08
-    kv_jump_ratio: float = 2.0
-    """Before any pressure, when the router's KV projection (``ReplicaSignals.kv_cap``) admits at least this many
-    times the cap, the slow start jumps to it: short contexts need no climb. Nearer, the projection's early
-    estimates (the first rollouts to finish are the short ones) overshoot more than the climb does."""
     probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
     severe_factor: float = 5.0
@@ -300,8 +297,8 @@ def _raise(
         near = usage >= params.slow_start_near_usage
         factor = params.slow_start_near_factor if near else params.slow_start_factor
         raised = _clamp(max(current + step, math.floor(current * factor)), params)
-        if signals.kv_cap is not None and signals.kv_cap >= params.kv_jump_ratio * current:
-            raised = max(raised, _clamp(signals.kv_cap, params))  # contexts far shorter than the cap assumes
+        if signals.kv_cap is not None:  # contexts far shorter than the cap assumes: no need to climb
+            raised = max(raised, _clamp(signals.kv_cap, params))
         reason_raise, limit_at = "Raised", previous.limit_at
     elif current + step < limit:
         raised = _clamp(min(current + step, limit - 1), params)

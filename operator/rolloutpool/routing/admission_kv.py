@@ -103,6 +103,22 @@ class KvProjection:
         final = self.final_estimate(context)
         return min(float(self.config.max_model_len), context + self.config.growth_share * max(0.0, final - context))
 
+    def final_quantile(self, q: float) -> float:
+        """The ``q`` quantile of finished sessions' final contexts (a bucket's upper edge; the prior at first)."""
+        total = sum(self._weights)
+        seen = 0.0
+        width = self.config.max_model_len / self.config.bins
+        for i, w in enumerate(self._weights):
+            seen += w
+            if seen >= q * total:
+                return (i + 1) * width
+        return float(self.config.max_model_len)
+
+    def measured_floor(self, *, capacity_tokens: int, quantile: float = 0.9) -> int:
+        """Sessions that fit the KV budget even if each reaches the ``quantile`` final context (pure)."""
+        budget = capacity_tokens * (1.0 - self.config.headroom)
+        return int(budget // max(self.final_quantile(quantile), 1.0))
+
     # -- updates --------------------------------------------------------------------------
 
     def _set(self, session_id: str, replica: str, value: float) -> None:

@@ -387,8 +387,8 @@ class _Fleet:
         live = {n: self.table.replicas[n].live for n in self.names}
         kv = self.ledger.kv
         kv_caps = None
-        if kv is not None and self.cfg.kv_admission:  # what the router's KV projection would admit (a metric)
-            kv_caps = {n: live[n] + kv.room(n, capacity_tokens=self.capacity) for n in self.names}
+        if kv is not None and self.cfg.kv_admission:  # what the router's measured contexts fit (a metric)
+            kv_caps = dict.fromkeys(self.names, kv.measured_floor(capacity_tokens=self.capacity))
         controls = self.law.step(
             now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue),
             kv_caps=kv_caps,
