@@ -136,7 +136,7 @@ def test_a_renewal_never_caches_its_sampled_token_under_the_chain_hash() -> None
 def _fleet(renew: float | None) -> FleetConfig:
     return FleetConfig(
         scenario=scenario("agentic-grpo"), in_flight=22, replicas=2, duration_s=600,
-        expected_residency=1.0, headroom=0.0, renew_every_s=renew,
+        expected_residency=1.0, headroom=0.0, renew_every_s=renew, kv_admission=False,  # the floor as a count cap
     )  # fmt: skip
 
 
