@@ -126,3 +126,18 @@ def test_a_queued_session_is_admitted_when_a_finish_frees_projected_tokens() -> 
     ledger.take_events()
     ledger.release(bound[0].session_id, how="finished", now=1.0)
     assert any(type(e).__name__ == "Admitted" for e in ledger.take_events())
+
+
+def test_the_measured_floor_waits_until_the_finished_sessions_describe_the_live_ones() -> None:
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
+    assert kv.measured_floor(capacity_tokens=CAPACITY) == int(CAPACITY * 0.9 // MAX_LEN)  # the prior: maxModelLen
+    for i in range(200):  # short rollouts finish first
+        kv.bound(f"s{i}", "a", context=1000)
+        kv.turn_finished(f"s{i}", "a", context=3000)
+        kv.released(f"s{i}", finished=True)
+    floor = kv.measured_floor(capacity_tokens=CAPACITY)
+    assert floor is not None
+    assert floor > 60  # 342k over a ~3.5k 90th percentile
+    for i in range(10):  # while long ones are still live and already past it
+        kv.bound(f"long{i}", "a", context=12000)
+    assert kv.measured_floor(capacity_tokens=CAPACITY) is None

@@ -114,10 +114,17 @@ class KvProjection:
                 return (i + 1) * width
         return float(self.config.max_model_len)
 
-    def measured_floor(self, *, capacity_tokens: int, quantile: float = 0.9) -> int:
-        """Sessions that fit the KV budget even if each reaches the ``quantile`` final context (pure)."""
-        budget = capacity_tokens * (1.0 - self.config.headroom)
-        return int(budget // max(self.final_quantile(quantile), 1.0))
+    def measured_floor(self, *, capacity_tokens: int, quantile: float = 0.9, beyond: float = 0.1) -> int | None:
+        """Sessions that fit the KV budget even if each reaches the ``quantile`` final context (pure).
+
+        None while more than ``beyond`` of the live sessions already hold more than that quantile: the
+        finished ones do not describe the live ones yet (the first rollouts to finish are the short ones).
+        """
+        final = max(self.final_quantile(quantile), 1.0)
+        contexts = self._context.values()
+        if contexts and sum(1 for c in contexts if c > final) > beyond * len(contexts):
+            return None
+        return int(capacity_tokens * (1.0 - self.config.headroom) // final)
 
     # -- updates --------------------------------------------------------------------------
 
