@@ -306,6 +306,13 @@ def router_command(
 
 @main.command()
 @click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
+@click.option(
+    "--workload",
+    "workload_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Your own workload (YAML, see rolloutpool.sim.workload_file) instead of --scenario.",
+)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
 @click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
 @click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=7200.0, show_default=True)
@@ -332,6 +339,7 @@ def router_command(
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 def simulate(
     scenario_name: str,
+    workload_file: Path | None,
     replicas: int,
     hardware: str,
     duration_s: float,
@@ -366,7 +374,12 @@ def simulate(
     if unknown:
         raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     try:
-        chosen = scenario(scenario_name)
+        if workload_file is not None:
+            from rolloutpool.sim.workload_file import load_workload  # noqa: PLC0415
+
+            chosen = load_workload(workload_file)
+        else:
+            chosen = scenario(scenario_name)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     base = FleetConfig(
