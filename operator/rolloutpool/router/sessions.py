@@ -401,10 +401,8 @@ class SessionManager:
 
     def set_operator_limits(self, limits: dict[str, OperatorLimit]) -> None:
         """The operator's caps and quarantine (RolloutPool status); they combine with the router's own."""
-        for name in list(self.runtime):
-            limit = limits.get(name)
-            if self.ledger.set_operator_limit(name, limit, now=self.clock()):
-                _log.info("Set operator limits replica=%s limits=%s", name, limit)
+        for name in self.ledger.set_operator_limits(limits, now=self.clock()):
+            _log.info("Set operator limits replica=%s limits=%s", name, limits.get(name))
         self._dispatch()
 
     def observe_scrape(self, name: str, *, preemptions_total: float, waiting: float) -> None:

@@ -27,6 +27,7 @@ The lifecycle:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 from rolloutpool.routing.caps import effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
@@ -69,6 +70,8 @@ class Ledger:
         self.events: list[Event] = []
         """What operations changed besides their answer, oldest first (see :meth:`take_events`)."""
         self._tickets = 0
+        self._holding = False
+        """Admissions wait (one operator status applies as a whole)."""
 
     def take_events(self) -> list[Event]:
         """The events since the last call (and forget them)."""
@@ -189,7 +192,7 @@ class Ledger:
 
     def admit(self, *, now: float) -> None:
         """Place queued sessions, oldest first, while a replica may take them (FIFO: the head blocks)."""
-        while self.queue and not self.closed:
+        while self.queue and not self.closed and not self._holding:
             head = self.queue[0]
             sid = head.placement.session_id
             existing = self.table.sessions.get(sid)
@@ -368,6 +371,20 @@ class Ledger:
         self._apply_cap(name, now=now)
         self._sync_quarantine(name, now=now)
         return True
+
+    def set_operator_limits(self, limits: Mapping[str, OperatorLimit], *, now: float) -> list[str]:
+        """One status update of the operator for every replica (absent: no limit); the replicas that changed.
+
+        All limits apply before any queued session is admitted: a status is one decision, and admitting
+        half-way would favour the replicas applied first.
+        """
+        self._holding = True
+        try:
+            changed = [name for name in list(self.limits) if self.set_operator_limit(name, limits.get(name), now=now)]
+        finally:
+            self._holding = False
+        self.admit(now=now)
+        return changed
 
     def observe_scrape(self, name: str, *, now: float, preemptions_total: float, waiting: float) -> None:
         """A scrape's pressure signals, fed to the replica's fast quarantine."""

@@ -385,10 +385,12 @@ class _Fleet:
         controls = self.law.step(
             now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue)
         )
-        for name, control in controls.items():  # what the operator writes into the pool's status
-            limit = OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
-            self.ledger.set_operator_limit(name, limit, now=self.now)
-            self._dispatch()
+        status = {  # what the operator writes into the pool's status, applied by the router as a whole
+            name: OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
+            for name, control in controls.items()
+        }
+        self.ledger.set_operator_limits(status, now=self.now)
+        self._dispatch()
         self._push(self.now + self.cfg.control_interval_s, _CONTROL, None)
 
     def _sample(self) -> None:
