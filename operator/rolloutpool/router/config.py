@@ -4,7 +4,8 @@ Every knob of ``rolloutpool router`` lives in :class:`RouterConfig`; nothing rea
 the environment behind its back. Caps are either fixed (``cap``, or a replica's own
 ``ReplicaSpec.cap``) or derived from each replica's reported KV capacity
 (``vllm:cache_config_info``: ``num_gpu_blocks * block_size``) with
-:func:`rolloutpool.capacity.oversubscribed_cap` when ``max_model_len`` is set.
+:func:`rolloutpool.capacity.oversubscribed_cap` when ``max_model_len`` is set; the one function that
+combines them with the operator's is :func:`rolloutpool.routing.caps.effective_cap`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 
-__all__ = ["ReplicaSpec", "RouterConfig", "parse_replica", "resolve_cap"]
+__all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica", "resolve_cap"]
 
 
 @dataclass(frozen=True)
@@ -164,26 +166,33 @@ class RouterConfig:
         return next((r for r in self.replicas if r.name == name), None)
 
 
-def resolve_cap(config: RouterConfig, spec: ReplicaSpec, *, capacity_tokens: int | None) -> int | None:
-    """The live-session cap of one replica (pure).
-
-    A fixed cap wins (the replica's, then the router's). Otherwise, with
-    ``max_model_len`` set, the cap is derived from the reported KV capacity, and is 0
-    (no new sessions) while the capacity is unknown. Without either, ``cap_ceiling``
-    or unlimited (``None``).
-    """
-    if spec.cap is not None:
-        return spec.cap
-    if config.cap is not None:
-        return config.cap
-    if config.max_model_len is None:
-        return config.cap_ceiling
-    if capacity_tokens is None:
-        return 0
-    return oversubscribed_cap(
-        capacity_tokens=capacity_tokens,
+def cap_rule(config: RouterConfig) -> CapRule:
+    """How this router sets its own caps (the input of :func:`~rolloutpool.routing.caps.effective_cap`)."""
+    return CapRule(
+        fixed=config.cap,
         max_model_len=config.max_model_len,
         expected_residency=config.expected_residency,
         headroom=config.headroom,
         ceiling=config.cap_ceiling,
+    )
+
+
+def resolve_cap(config: RouterConfig, spec: ReplicaSpec, *, capacity_tokens: int | None) -> int | None:
+    """The router's own live-session cap of one replica, before the operator decides (pure).
+
+    A fixed cap wins (the replica's, then the router's). Otherwise, with
+    ``max_model_len`` set, the cap is derived from the reported KV capacity, and is 0
+    (no new sessions) while the capacity is unknown. Without either, ``cap_ceiling``
+    or unlimited (``None``). A thin wrapper of :func:`~rolloutpool.routing.caps.effective_cap`.
+    """
+    return effective_cap(cap_rule(config), replica_cap=spec.cap, capacity_tokens=capacity_tokens)
+
+
+def ledger_config(config: RouterConfig) -> LedgerConfig:
+    """The ledger settings of a router configuration (pure)."""
+    return LedgerConfig(
+        caps=cap_rule(config),
+        quarantine=config.quarantine,
+        queue_max=config.queue_max,
+        default_block_size=config.default_block_size,
     )

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rolloutpool.api.status import RolloutPoolStatus
+from rolloutpool.routing.caps import CapRule, effective_cap
 
 __all__ = ["OperatorLimit", "ReplicaEvent", "combined_cap", "operator_limits", "replica_event"]
 
@@ -89,13 +90,11 @@ def combined_cap(
 ) -> int | None:
     """The cap a replica gets from the router's own and the operator's; None means no limit (pure).
 
-    A cap fixed on the router (``own_fixed``: ``--cap`` or a replica's own cap) is a hard limit: the
-    tighter of the two wins. A cap the router only derived from ``expectedResidency`` is its guess
-    until the operator decides: the operator's cap replaces it (its control law may find a higher
-    one), limited by ``ceiling`` (``maxSessionsPerReplica``).
+    A thin wrapper of :func:`~rolloutpool.routing.caps.effective_cap` (the one cap function) for a
+    cap already resolved: a fixed one (``own_fixed``) is a hard limit, the tighter wins; a derived
+    one is replaced by the operator's, limited by ``ceiling``.
     """
     if operator is None:
         return own
-    if not own_fixed:
-        return operator if ceiling is None else min(operator, ceiling)
-    return operator if own is None else min(own, operator)
+    rule = CapRule(fixed=own) if own_fixed else CapRule(max_model_len=1, ceiling=ceiling)
+    return effective_cap(rule, operator_cap=operator)

@@ -168,16 +168,23 @@ class SessionAware:
         self.balance_slack = balance_slack
 
     def choose(self, request: Placement, table: SessionTable) -> str | None:
-        eligible = [r for r in table.replicas.values() if r.accepts_new()]
-        if not eligible:
+        least = table.least_eligible()
+        if least is None:
             return None
-        least = min(eligible, key=lambda r: r.live)
         if self.co_locate_groups and request.group is not None:
-            members = table.group_replicas(request.group)
+            members = table.group_members(request.group)
             slack = self.balance_slack
-            grouped = [r for r in eligible if r.name in members and (slack is None or r.live <= least.live + slack)]
-            if grouped:
-                return min(grouped, key=lambda r: (r.live, -members[r.name])).name
+            best: tuple[int, int, int] | None = None
+            choice = None
+            for name, count in members.items():  # a group's replicas, not the fleet: O(group)
+                r = table.replicas.get(name)
+                if r is None or not r.accepts_new() or (slack is not None and r.live > least.live + slack):
+                    continue
+                key = (r.live, -count, table.order(name))  # fewest live, most members, then table order
+                if best is None or key < best:
+                    best, choice = key, name
+            if choice is not None:
+                return choice
         return least.name
 
 

@@ -1,7 +1,8 @@
 """Discrete-event simulation, in virtual time, of a fleet of engine replicas behind one policy.
 
-The replicas run the same engine model as ``engine-sim`` (:mod:`rolloutpool.engine`),
-placement is the router's pure code (:mod:`rolloutpool.routing`), and the workload is
+The replicas run the same engine model as ``engine-sim`` (:mod:`rolloutpool.engine`), the
+session lifecycle is the router's own ledger (:class:`~rolloutpool.routing.ledger.Ledger`:
+placement, caps, fast quarantine, admission queue, release), and the workload is
 :mod:`rolloutpool.sim.workload`. An engine computes a step when it starts and the
 step's results reach the router when it ends; a run of pure-decode steps is applied
 lazily and cut short at the step boundary after a new request arrives, so arrivals are
@@ -11,19 +12,21 @@ admitted exactly when a step-by-step engine would admit them.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rolloutpool.autoscale import initial_cap
-from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.engine.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.engine.hashing import SegmentChain
+from rolloutpool.routing.caps import CapRule
+from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.events import Admitted, Bound
+from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_policy
-from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.quarantine import expected_cached_tokens
 from rolloutpool.routing.renewal import RenewalConfig
-from rolloutpool.routing.table import SessionTable
+from rolloutpool.routing.table import Session
 from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
@@ -45,6 +48,8 @@ class _Traj:
     proj: int
     """Its largest context (``plan.final_context``), computed once."""
     turn: int = 0
+    session: Session | None = None
+    """The ledger's binding its in-flight turn was sent on."""
     replica: str | None = None
     prev_replica: str | None = None
     prev_context: int = 0
@@ -80,29 +85,35 @@ class _Fleet:
             cost=preset.cost,
         )
         self.capacity = ecfg.kv_capacity_tokens
+        self.block_size = ecfg.block_size
         self.names = [f"r{i}" for i in range(config.replicas)]
         self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
-        self.table = SessionTable()
         self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity) if adaptive else None
-        cap = None if self.law is None else initial_cap(self.law.params)  # the law's first cap (RunResult.cap: None)
-        if self.law is None and policy.capped and isinstance(policy, SessionAware):
-            cap = config.fixed_cap or oversubscribed_cap(
-                capacity_tokens=self.capacity,
+        ours = isinstance(policy, SessionAware)  # the router we ship: its caps and its fast quarantine
+        rule = CapRule()  # the peers' policies: no caps
+        if ours:
+            rule = CapRule(
+                fixed=None if self.law is not None else config.fixed_cap or None,
                 max_model_len=config.scenario.max_model_len,
                 expected_residency=config.expected_residency,
                 headroom=config.headroom,
             )
-        self.cap = cap if self.law is None else None
+        quarantine = config.quarantine if ours else None
+        self.ledger = Ledger(
+            LedgerConfig(caps=rule, quarantine=quarantine, default_block_size=ecfg.block_size), policy=policy
+        )
+        self.table = self.ledger.table
         for n in self.names:
-            self.table.add_replica(n, cap=cap, kv_capacity_tokens=self.capacity)
-        self.pressure = {n: PressureState(config.quarantine) for n in self.names}
+            self.ledger.add_replica(n, now=0.0, capacity_tokens=self.capacity)
+            if self.law is not None:  # the operator publishes the law's first cap (RunResult.cap: None)
+                self.ledger.set_operator_limit(n, OperatorLimit(initial_cap(self.law.params), False, None), now=0.0)
+        self.cap = None if self.law is not None or not ours else self.ledger.cap_of(self.names[0])
+        self.ledger.take_events()
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
-        self.use_quarantine = isinstance(policy, SessionAware)
         every = config.renew_every_s if isinstance(policy, SessionAware) else None  # renewal is our policy's
         self.renewals = None if every is None else SimRenewals(RenewalConfig(every))
         self.source = TrajectorySource(config.scenario, config.seed)
         self.trajs: dict[int, _Traj] = {}
-        self.queue: deque[int] = deque()
         self.events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._rid = 0
@@ -154,7 +165,7 @@ class _Fleet:
             completed_times=self.completed_times,
             reprefilled=self.reprefilled,
             evicted_reprefill=self.evicted_reprefill,
-            quarantines=sum(p.quarantines for p in self.pressure.values()),
+            quarantines=sum(limits.pressure.quarantines for limits in self.ledger.limits.values() if limits.pressure),
             samples=self.samples,
             cap=self.cap,
             law=self.law,
@@ -173,21 +184,10 @@ class _Fleet:
 
     def _arrive(self, idx: int) -> None:
         traj = self.trajs[idx]
-        sid = str(idx)
-        session = self.table.lookup(sid)
-        if session is not None and self.policy.sticky:
-            session.last_seen = self.now
-            self._submit(traj, session.replica)
-            return
-        if session is None and self.queue and self.policy.capped:
-            self.queue.append(idx)  # FIFO: nobody overtakes the queue
-            return
-        replica = self.policy.choose(self._placement(traj), self.table)
-        if replica is None:
-            self.queue.append(idx)
-            return
-        self._bind(traj, replica)
-        self._submit(traj, replica)
+        decision = self.ledger.arrive(self._placement(traj), now=self.now)
+        if isinstance(decision, Bound):
+            self._submit(traj, decision.session)
+        self._dispatch()  # a Queued session is submitted when the ledger admits it
 
     def _placement(self, traj: _Traj) -> Placement:
         return Placement(
@@ -197,29 +197,14 @@ class _Fleet:
             prompt_tokens=traj.chain.length,
         )
 
-    def _drain_queue(self) -> None:
-        while self.queue:
-            idx = self.queue[0]
-            traj = self.trajs[idx]
-            replica = self.policy.choose(self._placement(traj), self.table)
-            if replica is None:
-                return
-            self.queue.popleft()
-            self._bind(traj, replica)
-            self._submit(traj, replica)
+    def _dispatch(self) -> None:
+        """Submit the first turn of every session the ledger admitted from its queue."""
+        for event in self.ledger.take_events():
+            if isinstance(event, Admitted):
+                self._submit(self.trajs[int(event.session.session_id)], event.session)
 
-    def _bind(self, traj: _Traj, replica: str) -> None:
-        session = self.table.bind(
-            str(traj.plan.index),
-            replica,
-            now=self.now,
-            group=str(traj.plan.group),
-            projected_tokens=traj.proj,
-            prompt_tokens=traj.plan.prompt_tokens,
-        )
-        session.context_tokens = traj.chain.length
-
-    def _submit(self, traj: _Traj, replica: str) -> None:
+    def _submit(self, traj: _Traj, session: Session) -> None:
+        replica = session.replica
         max_len = self.cfg.scenario.max_model_len
         prompt_len = traj.chain.length
         max_tokens = min(traj.plan.actions[traj.turn], max_len - prompt_len)
@@ -228,6 +213,7 @@ class _Fleet:
         # the list only grows (by the next observation) after the request is done
         traj.chain.extend(_SEGMENT_BASE + traj.plan.index * 256 + traj.turn * 2, max_tokens)
         traj.replica = replica
+        traj.session = session
         traj.inflight = True
         if self.renewals is not None:
             self.renewals.clock.busy(str(traj.plan.index))
@@ -235,21 +221,18 @@ class _Fleet:
         request = Request(
             self._rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=traj.chain.hashes, tag=traj.plan.index
         )
-        self.table.replicas[replica].inflight += 1
+        self.ledger.turn_started(session)
         self._enqueue(replica, request)
 
     def _complete_turn(self, replica: str, req: Request) -> None:
         traj = self.trajs[req.tag]
         traj.inflight = False
-        state = self.table.replicas.get(replica)
-        if state is not None:
-            state.inflight -= 1
-        self._count_reprefill(traj, replica, req)
+        session = traj.session
+        assert session is not None  # noqa: S101 -- set when the turn was submitted
+        self._count_reprefill(traj, replica, req, turn=session)  # the router's finish_turn, then end
+        self.ledger.turn_ended(session, now=self.now)
         traj.prev_replica = replica
         traj.prev_context = req.seq_len - 1  # the last sampled token's KV is never computed
-        session = self.table.lookup(str(traj.plan.index))
-        if session is not None:
-            session.context_tokens = req.seq_len
         traj.turn += 1
         plan = traj.plan
         max_len = self.cfg.scenario.max_model_len
@@ -266,30 +249,35 @@ class _Fleet:
             self.renewals.clock.idle(str(plan.index), now=self.now)
         self._push(self.now + plan.tool_latencies[traj.turn - 1], _ARRIVE, plan.index)
 
-    def _count_reprefill(self, traj: _Traj, replica: str, req: Request) -> None:
-        """Context computed before that missed the cache on this request (a turn, or a renewal that found it gone)."""
-        limit = expected_cached_tokens(previous_context=traj.prev_context, prompt_tokens=req.prompt_len)
-        missed = max(0, limit - req.cached_tokens)
-        self.reprefilled += missed
-        if traj.prev_replica == replica:
-            self.evicted_reprefill += missed
-            self.live_reprefill[replica] += missed
-            if self.use_quarantine:
-                self.pressure[replica].observe_response(now=self.now, expected_cached=limit, cached=req.cached_tokens)
-                self._quarantine(replica)
+    def _count_reprefill(self, traj: _Traj, replica: str, req: Request, *, turn: Session | None = None) -> None:
+        """Context computed before that missed the cache on this request (a turn, or a renewal that found it gone).
+
+        All causes count in the fleet's re-prefill (a session that moved replica too); what the router sees of a
+        session on its own replica (the live re-prefill that feeds quarantine and the law) is the ledger's answer,
+        for a turn (``turn``: its binding; its context then moves on) or a renewal (context unchanged).
+        """
+        limit = expected_cached_tokens(
+            previous_context=traj.prev_context, prompt_tokens=req.prompt_len, block_size=self.block_size
+        )
+        self.reprefilled += max(0, limit - req.cached_tokens)
+        usage = Usage(req.prompt_len, req.num_output, req.cached_tokens)
+        if turn is not None:
+            _, live = self.ledger.finish_turn(turn, now=self.now, usage=usage)
+        else:
+            session = self.ledger.lookup(str(traj.plan.index))
+            _, live = (0, 0) if session is None else self.ledger.observe_cached(session, now=self.now, usage=usage)
+        self.evicted_reprefill += live
+        self.live_reprefill[replica] += live
+        self._dispatch()
 
     def _finish_trajectory(self, traj: _Traj) -> None:
-        session = self.table.release(str(traj.plan.index))
+        self.ledger.release(str(traj.plan.index), how="finished", now=self.now)
         if self.renewals is not None:
             self.renewals.clock.forget(str(traj.plan.index))
-        if session is not None and self.use_quarantine:
-            self.pressure[session.replica].session_finished()
-            self._quarantine(session.replica)
         self.completed_times.append(self.now - traj.start)
         del self.trajs[traj.plan.index]
         self._start_trajectory(self.now)
-        if self.policy.capped:
-            self._drain_queue()
+        self._dispatch()
 
     # -- engines ------------------------------------------------------------------------
 
@@ -355,20 +343,14 @@ class _Fleet:
     # -- router loops ---------------------------------------------------------------------
 
     def _scrape(self) -> None:
-        if self.use_quarantine:
-            lifted = False
-            for name, driver in self.drivers.items():
-                state = self.pressure[name]
-                before = state.quarantined
-                state.observe_scrape(
-                    now=self.now,
-                    preemptions_total=driver.engine.counters.preemptions,
-                    waiting=len(driver.engine.waiting),
-                )
-                self._quarantine(name)
-                lifted |= before and not state.quarantined
-            if lifted:
-                self._drain_queue()
+        for name, driver in self.drivers.items():
+            self.ledger.observe_scrape(
+                name,
+                now=self.now,
+                preemptions_total=driver.engine.counters.preemptions,
+                waiting=len(driver.engine.waiting),
+            )
+            self._dispatch()
         if self.renewals is not None:
             self._renew_due()
         self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
@@ -377,7 +359,7 @@ class _Fleet:
         assert self.renewals is not None  # noqa: S101 -- called only with renewal on
         for sid in self.renewals.clock.due(now=self.now):
             traj = self.trajs[int(sid)]  # a finished session is forgotten by the clock
-            session = self.table.lookup(sid)
+            session = self.ledger.lookup(sid)
             if session is None or traj.inflight:  # pragma: no cover - an idle live session is bound and idle
                 continue
             self._rid += 1
@@ -396,21 +378,19 @@ class _Fleet:
         if not traj.inflight:  # still idle: renew again later
             self.renewals.clock.idle(req.tag, now=self.now)
 
-    def _quarantine(self, name: str) -> None:
-        law = self.law.controls[name].quarantined if self.law is not None else False
-        self.table.replicas[name].quarantined = self.pressure[name].quarantined or law
-
     def _control(self) -> None:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
         engines = {n: d.engine for n, d in self.drivers.items()}
         live = {n: self.table.replicas[n].live for n in self.names}
         controls = self.law.step(
-            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.queue)
+            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue)
         )
-        for name, control in controls.items():
-            self.table.replicas[name].cap = control.cap
-            self._quarantine(name)
-        self._drain_queue()
+        status = {  # what the operator writes into the pool's status, applied by the router as a whole
+            name: OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
+            for name, control in controls.items()
+        }
+        self.ledger.set_operator_limits(status, now=self.now)
+        self._dispatch()
         self._push(self.now + self.cfg.control_interval_s, _CONTROL, None)
 
     def _sample(self) -> None:
@@ -427,7 +407,7 @@ class _Fleet:
                     hit_ratio=dh / dq if dq else None,
                     usage=driver.engine.pool.usage,
                     quarantined=self.table.replicas[name].quarantined,
-                    queued=len(self.queue),
+                    queued=len(self.ledger.queue),
                 )
             )
         self._push(self.now + self.cfg.sample_interval_s, _SAMPLE, None)

@@ -1,0 +1,420 @@
+"""The session ledger: one pure owner of the session lifecycle, driven by the router and the simulator (pure).
+
+It holds the session table (:mod:`~rolloutpool.routing.table`), the placement policy, each
+replica's limits (its fixed cap, reported KV capacity and block size, the operator's cap and
+quarantine, the fast quarantine's :class:`~rolloutpool.routing.quarantine.PressureState`) and
+the admission queue as data. Every operation takes ``now`` and returns its answer; what else it
+changed (queued sessions admitted, sessions released, quarantine, caps) is appended to
+:attr:`Ledger.events` for the caller to act on (:mod:`~rolloutpool.routing.events`). The router
+adds futures, HTTP, metrics and logs; the simulator submits turns to its engine models. So the
+simulator runs the router's lifecycle, not a copy of it.
+
+The lifecycle:
+
+- a turn of a live session returns to its replica (sticky policies) unless that replica is gone
+  or not ready; then the session is released (``replaced``) and placed again as a new one;
+- a new session is placed by the policy, unless sessions already wait (FIFO: nobody overtakes
+  the queue) or no replica may take it; then it queues (bounded by ``queue_max``);
+- queued sessions are admitted oldest first whenever a slot may have freed (a release, an expiry,
+  a replica added or ready again, a cap raised, a quarantine lifted, a drain undone); the head
+  blocks the rest;
+- ``release`` is idempotent and never blocks: for a session with a request in flight it marks
+  the session, which is released when its last request ends; an id released and seen again is a
+  NEW session (placed again); a one-turn session (a request without a session id) holds no slot
+  after its turn.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from rolloutpool.routing.caps import effective_cap
+from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.events import (
+    Admitted,
+    Arrival,
+    Bound,
+    CapChanged,
+    Event,
+    Placed,
+    QuarantineChanged,
+    Queued,
+    Rejected,
+    Released,
+    Usage,
+    Waiting,
+    Withdrawn,
+)
+from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
+from rolloutpool.routing.policies import Placement, Policy
+from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.table import Session, SessionTable
+
+__all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
+
+_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost"})
+"""Release paths that say nothing about the replica's pressure (the session did not finish there)."""
+
+
+class Ledger:
+    """Sessions, replicas, limits and the admission queue; every mutation keeps counts exact."""
+
+    def __init__(self, config: LedgerConfig, *, policy: Policy) -> None:
+        self.config = config
+        self.policy = policy
+        self.table = SessionTable(indexed=True)
+        self.limits: dict[str, ReplicaLimits] = {}
+        self.queue: deque[Waiting] = deque()
+        self.closed = False
+        self.events: list[Event] = []
+        """What operations changed besides their answer, oldest first (see :meth:`take_events`)."""
+        self._tickets = 0
+        self._holding = False
+        """Admissions wait (one operator status applies as a whole)."""
+
+    def take_events(self) -> list[Event]:
+        """The events since the last call (and forget them)."""
+        events, self.events = self.events, []
+        return events
+
+    # -- membership ---------------------------------------------------------------------
+
+    def add_replica(
+        self, name: str, *, now: float, fixed_cap: int | None = None, capacity_tokens: int | None = None
+    ) -> None:
+        """Start placing on a replica (a known name is left as it is: remove it first to replace it)."""
+        if name in self.limits:
+            return
+        quarantine = self.config.quarantine
+        limits = ReplicaLimits(
+            fixed_cap=fixed_cap,
+            capacity_tokens=capacity_tokens,
+            block_size=self.config.default_block_size,
+            pressure=None if quarantine is None else PressureState(quarantine),
+        )
+        self.limits[name] = limits
+        self.table.add_replica(name, cap=self.cap_of(name), kv_capacity_tokens=capacity_tokens)
+        self.admit(now=now)
+
+    def remove_replica(self, name: str) -> list[Session]:
+        """Stop placing on a replica; its sessions stop being live (placed again on their next turn)."""
+        state = self.table.replicas.get(name)
+        if state is None:
+            return []
+        lost = [self.table.sessions[sid] for sid in sorted(state.sessions)]
+        self.table.remove_replica(name)
+        del self.limits[name]
+        self.events.extend(Released(s, "replica_lost") for s in lost)
+        return lost
+
+    # -- views ----------------------------------------------------------------------------
+
+    def lookup(self, session_id: str) -> Session | None:
+        """The live session, or None (also while its release waits for its request to end)."""
+        session = self.table.sessions.get(session_id)
+        return None if session is None or session.release_how is not None else session
+
+    def is_current(self, session: Session) -> bool:
+        """Whether ``session`` is still the binding of its id (not released or re-placed since)."""
+        return self.table.sessions.get(session.session_id) is session
+
+    def cap_of(self, name: str) -> int | None:
+        """The effective cap of a replica, from its limits (:func:`~rolloutpool.routing.caps.effective_cap`)."""
+        limits = self.limits[name]
+        return effective_cap(
+            self.config.caps,
+            replica_cap=limits.fixed_cap,
+            capacity_tokens=limits.capacity_tokens,
+            operator_cap=None if limits.operator is None else limits.operator.cap,
+        )
+
+    # -- arrivals and admission -------------------------------------------------------------
+
+    def arrive(self, placement: Placement, *, now: float, one_turn: bool = False) -> Arrival:
+        """A turn of ``placement.session_id`` arrives: where it goes, or that it queues or is refused."""
+        sid = placement.session_id
+        current = self.table.sessions.get(sid)
+        if current is not None and current.release_how is not None:
+            self._drop(current, current.release_how, now=now)  # released while its last turn ran: a new session
+            current = None
+        if current is not None:
+            replica = self.table.replicas.get(current.replica)
+            if replica is not None and replica.ready:
+                if self.policy.sticky:
+                    current.last_seen = now
+                    return Bound(current, created=False)
+                return self._route_again(current, placement, now=now)
+            self._drop(current, "replaced", now=now)
+        if self.closed:
+            return Rejected("shutting_down")
+        if not self.queue:
+            session = self._place(placement, now=now, kind="new", one_turn=one_turn)
+            if session is not None:
+                return Bound(session, created=True)
+        if self.config.queue_max is not None and len(self.queue) >= self.config.queue_max:
+            return Rejected("queue_full")
+        self._tickets += 1
+        self.queue.append(Waiting(self._tickets, placement, now, one_turn))
+        return Queued(self._tickets)
+
+    def _route_again(self, current: Session, placement: Placement, *, now: float) -> Arrival:
+        """A non-sticky policy chooses every turn; a session that moves is bound anew on its new replica."""
+        name = self.policy.choose(placement, self.table)
+        if name is None or name == current.replica:
+            current.last_seen = now
+            return Bound(current, created=False)
+        session = self._bind(placement, name, now=now, one_turn=False)
+        self.events.append(Placed(session, "moved"))
+        return Bound(session, created=False)
+
+    def _bind(self, placement: Placement, name: str, *, now: float, one_turn: bool) -> Session:
+        session = self.table.bind(
+            placement.session_id,
+            name,
+            now=now,
+            group=placement.group,
+            projected_tokens=placement.projected_tokens,
+            prompt_tokens=placement.prompt_tokens,
+        )
+        session.one_turn = one_turn
+        return session
+
+    def _place(self, placement: Placement, *, now: float, kind: str, one_turn: bool) -> Session | None:
+        if self.closed:
+            return None
+        name = self.policy.choose(placement, self.table)
+        if name is None:
+            return None
+        session = self._bind(placement, name, now=now, one_turn=one_turn)
+        self.events.append(Placed(session, kind))
+        return session
+
+    def admit(self, *, now: float) -> None:
+        """Place queued sessions, oldest first, while a replica may take them (FIFO: the head blocks)."""
+        while self.queue and not self.closed and not self._holding:
+            head = self.queue[0]
+            sid = head.placement.session_id
+            existing = self.table.sessions.get(sid)
+            if existing is not None and existing.release_how is not None:
+                self._drop(existing, existing.release_how, now=now, admit=False)
+                existing = None
+            session = existing or self._place(head.placement, now=now, kind="queued", one_turn=head.one_turn)
+            if session is None:
+                return
+            self.queue.popleft()
+            self.events.append(Admitted(head.ticket, session))
+
+    def cancel(self, ticket: int, *, now: float) -> bool:
+        """Take a waiting session out of the queue (its client gave up or timed out); whether it was queued."""
+        for waiting in self.queue:
+            if waiting.ticket == ticket:
+                self.queue.remove(waiting)
+                self.admit(now=now)  # the head may have been what blocked (a policy may size by request)
+                return True
+        return False
+
+    def close(self) -> None:
+        """Refuse new sessions and withdraw every waiting one (shutdown)."""
+        self.closed = True
+        while self.queue:
+            waiting = self.queue.popleft()
+            self.events.append(Withdrawn(waiting.ticket, waiting.placement.session_id, "shutting_down"))
+
+    # -- release ----------------------------------------------------------------------------
+
+    def release(self, session_id: str, *, how: str, now: float) -> Session | None:
+        """Release a session; the session, or None when there was nothing to release (idempotent, never blocks).
+
+        A session with a request in flight is marked and released when its last request ends
+        (:meth:`turn_ended`); it is no longer :meth:`lookup`-able, and its id seen again is a new session.
+        Requests of the id still waiting in the queue leave it, so it is never placed after its release.
+        """
+        withdrawn = [w for w in self.queue if w.placement.session_id == session_id]
+        for waiting in withdrawn:
+            self.queue.remove(waiting)
+            self.events.append(Withdrawn(waiting.ticket, session_id, "released"))
+        session = self.table.sessions.get(session_id)
+        if session is None or session.release_how is not None:
+            if withdrawn:
+                self.admit(now=now)
+            return None
+        if session.inflight > 0:
+            session.release_how = how
+            return session
+        self._drop(session, how, now=now)
+        return session
+
+    def _drop(self, session: Session, how: str, *, now: float, admit: bool = True) -> None:
+        self.table.release(session.session_id)
+        self.events.append(Released(session, how))
+        limits = self.limits.get(session.replica)
+        if limits is not None and limits.pressure is not None and how not in _NOT_FINISHED:
+            limits.pressure.session_finished()
+            self._sync_quarantine(session.replica, now=now)
+        if admit:
+            self.admit(now=now)
+
+    def expire(self, *, now: float, idle_timeout: float) -> list[Session]:
+        """Release sessions idle longer than ``idle_timeout``; one with a request in flight is never idle."""
+        stale = [s for s in self.table.sessions.values() if s.inflight == 0 and now - s.last_seen > idle_timeout]
+        for session in stale:
+            self._drop(session, "expired", now=now, admit=False)
+        if stale:
+            self.admit(now=now)
+        return stale
+
+    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
+        """Re-create a session from a snapshot (no placement decision)."""
+        session = self.table.bind(session_id, replica, now=last_seen, group=group)
+        session.context_tokens = context
+
+    # -- requests of a session ------------------------------------------------------------------
+
+    def turn_started(self, session: Session) -> None:
+        """A request of ``session`` is being served (a stale binding pins nothing)."""
+        if self.is_current(session):
+            session.inflight += 1
+        replica = self.table.replicas.get(session.replica)
+        if replica is not None:
+            replica.inflight += 1
+
+    def turn_ended(self, session: Session, *, now: float) -> None:
+        """The request started by :meth:`turn_started` is over; a release asked for meanwhile happens now."""
+        replica = self.table.replicas.get(session.replica)
+        if replica is not None and replica.inflight > 0:
+            replica.inflight -= 1
+        if not self.is_current(session):
+            return
+        if session.inflight > 0:
+            session.inflight -= 1
+        session.last_seen = now
+        if session.inflight == 0 and (session.release_how is not None or session.one_turn):
+            self._drop(session, session.release_how or "request", now=now)
+
+    def finish_turn(self, session: Session, *, now: float, usage: Usage | None) -> tuple[int, int]:
+        """A turn's usage: spot re-prefill (as :meth:`observe_cached`), then remember the new context.
+
+        Without usage the context is forgotten, so the next turn is not compared with a stale one.
+        """
+        if not self.is_current(session):
+            return 0, 0  # released (or re-placed) while the request ran
+        if usage is None:
+            session.context_tokens = 0
+            return 0, 0
+        checked = self.observe_cached(session, now=now, usage=usage)
+        session.context_tokens = usage.prompt_tokens + usage.completion_tokens
+        return checked
+
+    def observe_cached(self, session: Session, *, now: float, usage: Usage) -> tuple[int, int]:
+        """Compare ``cached_tokens`` with the session's previous context: (expected cached, shortfall).
+
+        A shortfall is re-prefill of a live session's evicted prefix, fed to the fast quarantine.
+        Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
+        """
+        limits = self.limits.get(session.replica)
+        if limits is None or session.context_tokens <= 0 or usage.cached_tokens is None:
+            return 0, 0
+        expected = expected_cached_tokens(
+            previous_context=session.context_tokens - 1,
+            prompt_tokens=usage.prompt_tokens,
+            block_size=limits.block_size,
+        )
+        pressure = limits.pressure
+        if pressure is None:
+            return expected, max(0, expected - usage.cached_tokens)
+        before = pressure.quarantines
+        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=usage.cached_tokens)
+        self._sync_quarantine(session.replica, now=now, entered=pressure.quarantines > before)
+        return expected, shortfall
+
+    # -- replica state ----------------------------------------------------------------------
+
+    def set_ready(self, name: str, ready: bool, *, now: float) -> bool:
+        """Mark a replica ready or not (an unready one takes no sessions); whether it changed."""
+        replica = self.table.replicas.get(name)
+        if replica is None or replica.ready == ready:
+            return False
+        replica.ready = ready
+        self.table.refresh(name)
+        if ready:
+            self.admit(now=now)
+        return True
+
+    def set_draining(self, name: str, draining: bool, *, now: float) -> bool:
+        """Drain a replica (keeps its sessions, takes no new ones) or undo it; whether it changed."""
+        replica = self.table.replicas[name]
+        if replica.draining == draining:
+            return False
+        replica.draining = draining
+        self.table.refresh(name)
+        if not draining:
+            self.admit(now=now)
+        return True
+
+    def set_capacity(self, name: str, *, capacity_tokens: int | None, block_size: int | None, now: float) -> None:
+        """A replica's reported KV capacity and block size (None: keep the last report); recomputes its cap."""
+        limits = self.limits[name]
+        if block_size:
+            limits.block_size = block_size
+        if capacity_tokens is not None:
+            limits.capacity_tokens = capacity_tokens
+            self.table.replicas[name].kv_capacity_tokens = capacity_tokens
+        self._apply_cap(name, now=now)
+
+    def set_operator_limit(self, name: str, limit: OperatorLimit | None, *, now: float) -> bool:
+        """The operator's cap and quarantine of one replica; whether they changed."""
+        limits = self.limits.get(name)
+        if limits is None or limits.operator == limit:
+            return False
+        limits.operator = limit
+        self._apply_cap(name, now=now)
+        self._sync_quarantine(name, now=now)
+        return True
+
+    def set_operator_limits(self, limits: Mapping[str, OperatorLimit], *, now: float) -> list[str]:
+        """One status update of the operator for every replica (absent: no limit); the replicas that changed.
+
+        All limits apply before any queued session is admitted: a status is one decision, and admitting
+        half-way would favour the replicas applied first.
+        """
+        self._holding = True
+        try:
+            changed = [name for name in list(self.limits) if self.set_operator_limit(name, limits.get(name), now=now)]
+        finally:
+            self._holding = False
+        self.admit(now=now)
+        return changed
+
+    def observe_scrape(self, name: str, *, now: float, preemptions_total: float, waiting: float) -> None:
+        """A scrape's pressure signals, fed to the replica's fast quarantine."""
+        pressure = self.limits[name].pressure
+        if pressure is None:
+            return
+        before = pressure.quarantines
+        pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting)
+        self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
+
+    def _apply_cap(self, name: str, *, now: float) -> None:
+        replica = self.table.replicas[name]
+        cap = self.cap_of(name)
+        if cap != replica.cap:
+            replica.cap = cap
+            self.table.refresh(name)
+            self.events.append(CapChanged(name, cap, self.limits[name].capacity_tokens))
+            self.admit(now=now)
+
+    def _sync_quarantine(self, name: str, *, now: float, entered: bool = False) -> None:
+        replica = self.table.replicas[name]
+        limits = self.limits[name]
+        pressure = limits.pressure
+        own = pressure is not None and pressure.quarantined
+        was = replica.quarantined
+        replica.quarantined = own or bool(limits.operator and limits.operator.quarantined)
+        if was != replica.quarantined:
+            self.table.refresh(name)
+        if entered or was != replica.quarantined:
+            reason = pressure.reason if pressure is not None and own else None
+            self.events.append(QuarantineChanged(name, replica.quarantined, entered, reason))
+        if was and not replica.quarantined:
+            self.admit(now=now)

@@ -1,0 +1,39 @@
+"""The session ledger's settings and what it keeps per replica to set caps and quarantine (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rolloutpool.routing.caps import CapRule
+from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.quarantine import PressureState, QuarantineConfig
+
+__all__ = ["LedgerConfig", "ReplicaLimits"]
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """The ledger's fixed settings."""
+
+    caps: CapRule = field(default_factory=CapRule)
+    quarantine: QuarantineConfig | None = field(default_factory=QuarantineConfig)
+    """The fast quarantine's thresholds; None: no fast quarantine (the peers' policies in the simulator)."""
+    queue_max: int | None = None
+    """New sessions that may wait; None: unbounded."""
+    default_block_size: int = 16
+    """Block size assumed until a replica reports its own."""
+
+
+@dataclass
+class ReplicaLimits:
+    """What sets one replica's cap and quarantine."""
+
+    fixed_cap: int | None = None
+    """The replica's own fixed cap."""
+    capacity_tokens: int | None = None
+    """Reported KV capacity (None: not reported yet)."""
+    block_size: int = 16
+    pressure: PressureState | None = None
+    """The fast quarantine's state; None without a fast quarantine."""
+    operator: OperatorLimit | None = None
+    """The operator's cap and quarantine (the RolloutPool status), if any."""

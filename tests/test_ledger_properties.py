@@ -1,0 +1,261 @@
+"""Property tests: the session ledger through random event sequences keeps its invariants (pure).
+
+Events: new sessions (with and without an id), turns started and ended, releases (known,
+repeated, unknown, during a turn), replicas added, removed, made unready, drained,
+quarantined by the operator or by pressure, operator and capacity cap changes, queue timeouts,
+idle expiry. After every step: live counts equal the sessions held, a session is on exactly one
+replica, nothing is negative, no placement lands on a replica at or over its effective cap,
+admission is FIFO, every replica's cap is what :func:`effective_cap` gives for its limits, and
+the table's index of eligible replicas names the replica a full scan would.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.events import Admitted, Bound, Placed, Queued, Rejected, Released, Withdrawn
+from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
+from rolloutpool.routing.policies import Placement, SessionAware
+from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.routing.table import Session
+
+_NAMES = ("r0", "r1", "r2", "r3")
+_IDS = st.sampled_from([f"s{i}" for i in range(12)])
+_CAPS = st.one_of(st.none(), st.integers(min_value=0, max_value=4))
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random operations on one ledger, checked against a small model of what it must do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rule_ = CapRule(max_model_len=1024, ceiling=3)
+        config = LedgerConfig(
+            caps=self.rule_, quarantine=QuarantineConfig(min_evicted_tokens=16, evicted_fraction=0.1), queue_max=6
+        )
+        self.ledger = Ledger(config, policy=SessionAware(balance_slack=1))
+        self.now = 0.0
+        self.turns: list[Session] = []
+        """Turns in flight (the binding each was started on)."""
+        self.queued: list[int] = []
+        """The model's admission queue: tickets, oldest first."""
+        self.preemptions = dict.fromkeys(_NAMES, 0.0)
+        self.oneshots = 0
+        for name in _NAMES[:2]:
+            self.ledger.add_replica(name, now=self.now, capacity_tokens=4096)
+        self._check_events()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _tick(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def _check_events(self, before: dict[str, int] | None = None) -> None:
+        for event in self.ledger.take_events():
+            if isinstance(event, Admitted):
+                assert self.queued, "admitted with nothing queued"
+                assert event.ticket == self.queued[0], f"FIFO: admitted {event.ticket}, head {self.queued[0]}"
+                self.queued.pop(0)
+            elif isinstance(event, Withdrawn):
+                assert event.ticket in self.queued
+                self.queued.remove(event.ticket)
+            elif isinstance(event, Placed):
+                replica = self.ledger.table.replicas[event.session.replica]
+                assert replica.accepts_new() or replica.cap is None or replica.live <= replica.cap
+        if before is not None:  # a replica that gained sessions is within its cap
+            for name, replica in self.ledger.table.replicas.items():
+                if replica.live > before.get(name, 0) and replica.cap is not None:
+                    assert replica.live <= replica.cap, f"{name}: {replica.live} live over cap {replica.cap}"
+
+    def _live(self) -> dict[str, int]:
+        return {name: r.live for name, r in self.ledger.table.replicas.items()}
+
+    def _arrive(self, sid: str, *, one_turn: bool) -> None:
+        before = self._live()
+        group = "g" if sid < "s5" else None
+        decision = self.ledger.arrive(Placement(sid, group=group), now=self._tick(), one_turn=one_turn)
+        self._check_events(before)
+        if isinstance(decision, Bound) and decision.created:
+            assert not self.queued, "a new session overtook the queue"
+        if isinstance(decision, Queued):
+            assert decision.ticket not in self.queued
+            self.queued.append(decision.ticket)
+        if isinstance(decision, Rejected):
+            assert decision.reason == "queue_full"
+            assert len(self.ledger.queue) == 6
+        if isinstance(decision, Bound) and one_turn:  # a request without an id: one turn, then gone
+            session = decision.session
+            self.ledger.turn_started(session)
+            self.ledger.turn_ended(session, now=self._tick())
+            assert not self.ledger.is_current(session)
+            self._check_events()
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @rule(sid=_IDS)
+    def turn_arrives(self, sid: str) -> None:
+        self._arrive(sid, one_turn=False)
+
+    @rule()
+    def request_without_session_id(self) -> None:
+        self.oneshots += 1
+        self._arrive(f"oneshot-{self.oneshots}", one_turn=True)
+
+    @rule(sid=_IDS)
+    def turn_starts(self, sid: str) -> None:
+        session = self.ledger.lookup(sid)
+        if session is not None:
+            self.ledger.turn_started(session)
+            self.turns.append(session)
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data(), cached=st.integers(min_value=0, max_value=600))
+    def turn_ends(self, data: st.DataObject, cached: int) -> None:
+        session = self.turns.pop(data.draw(st.integers(min_value=0, max_value=len(self.turns) - 1)))
+        before = self._live()
+        self.ledger.finish_turn(session, now=self._tick(), usage=Usage(session.context_tokens + 200, 50, cached))
+        self.ledger.turn_ended(session, now=self.now)
+        self._check_events(before)
+
+    @rule(sid=_IDS)
+    def release(self, sid: str) -> None:
+        before = self._live()
+        live = self.ledger.lookup(sid)
+        released = self.ledger.release(sid, how="finish_session", now=self._tick())
+        assert (released is not None) == (live is not None)
+        assert self.ledger.release(sid, how="finish_session", now=self.now) is None  # idempotent
+        assert self.ledger.lookup(sid) is None
+        self._check_events(before)
+
+    @rule()
+    def release_unknown(self) -> None:
+        before = self._live()
+        assert self.ledger.release("never-placed", how="finish_session", now=self._tick()) is None
+        assert self._live() == before
+
+    @rule(name=st.sampled_from(_NAMES))
+    def replica_added(self, name: str) -> None:
+        before = self._live()
+        self.ledger.add_replica(name, now=self._tick(), capacity_tokens=4096)
+        self._check_events(before)
+
+    @rule(name=st.sampled_from(_NAMES))
+    def replica_removed(self, name: str) -> None:
+        held = set(self.ledger.table.replicas[name].sessions) if name in self.ledger.table.replicas else set()
+        lost = self.ledger.remove_replica(name)
+        assert {s.session_id for s in lost} == held
+        for event in self.ledger.take_events():
+            assert isinstance(event, Released)
+            assert event.how == "replica_lost"
+
+    @rule(name=st.sampled_from(_NAMES), ready=st.booleans())
+    def replica_ready(self, name: str, ready: bool) -> None:
+        before = self._live()
+        self.ledger.set_ready(name, ready, now=self._tick())
+        self._check_events(before)
+
+    @rule(name=st.sampled_from(_NAMES), draining=st.booleans())
+    def replica_draining(self, name: str, draining: bool) -> None:
+        if name in self.ledger.table.replicas:
+            before = self._live()
+            self.ledger.set_draining(name, draining, now=self._tick())
+            self._check_events(before)
+
+    @rule(name=st.sampled_from(_NAMES), cap=_CAPS, quarantined=st.booleans())
+    def operator_limit(self, name: str, cap: int | None, quarantined: bool) -> None:
+        before = self._live()
+        self.ledger.set_operator_limit(name, OperatorLimit(cap, quarantined, None), now=self._tick())
+        self._check_events(before)
+
+    @rule(caps=st.dictionaries(st.sampled_from(_NAMES), st.tuples(_CAPS, st.booleans()), max_size=4))
+    def operator_status(self, caps: dict[str, tuple[int | None, bool]]) -> None:
+        before = self._live()
+        status = {name: OperatorLimit(cap, quarantined, None) for name, (cap, quarantined) in caps.items()}
+        self.ledger.set_operator_limits(status, now=self._tick())
+        self._check_events(before)
+        for name, limits in self.ledger.limits.items():  # a replica the status leaves out has no operator limit
+            assert limits.operator == status.get(name)
+
+    @rule(name=st.sampled_from(_NAMES), capacity=st.one_of(st.none(), st.integers(min_value=0, max_value=8192)))
+    def capacity_reported(self, name: str, capacity: int | None) -> None:
+        if name in self.ledger.limits:
+            before = self._live()
+            self.ledger.set_capacity(name, capacity_tokens=capacity, block_size=16, now=self._tick())
+            self._check_events(before)
+
+    @rule(name=st.sampled_from(_NAMES), preempted=st.booleans(), waiting=st.integers(min_value=0, max_value=2))
+    def scraped(self, name: str, preempted: bool, waiting: int) -> None:
+        if name in self.ledger.limits:
+            before = self._live()
+            self.preemptions[name] += preempted
+            self.ledger.observe_scrape(
+                name, now=self._tick(), preemptions_total=self.preemptions[name], waiting=waiting
+            )
+            self._check_events(before)
+
+    @precondition(lambda self: bool(self.queued))
+    @rule(data=st.data())
+    def queue_timeout(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(self.queued))
+        before = self._live()
+        assert self.ledger.cancel(ticket, now=self._tick())
+        self.queued.remove(ticket)
+        self._check_events(before)
+
+    @rule(idle=st.floats(min_value=0.5, max_value=30.0))
+    def idle_expiry(self, idle: float) -> None:
+        before = self._live()
+        busy = {s.session_id for s in self.turns if self.ledger.is_current(s)}
+        stale = self.ledger.expire(now=self._tick(), idle_timeout=idle)
+        assert not busy & {s.session_id for s in stale}, "a session with a turn in flight expired"
+        self._check_events(before)
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def counts_are_exact(self) -> None:
+        table = self.ledger.table
+        held = dict.fromkeys(table.replicas, 0)
+        for sid, session in table.sessions.items():
+            assert session.session_id == sid
+            homes = [name for name, r in table.replicas.items() if sid in r.sessions]
+            assert homes == [session.replica], f"{sid} on {homes}, bound to {session.replica}"
+            held[session.replica] += 1
+            assert session.inflight >= 0
+        assert {name: r.live for name, r in table.replicas.items()} == held
+        assert sum(r.live for r in table.replicas.values()) == len(table.sessions)
+        for name, replica in table.replicas.items():
+            assert replica.inflight >= 0
+            started = sum(1 for s in self.turns if s.replica == name)
+            assert replica.inflight <= started, f"{name}: {replica.inflight} in flight, {started} started"
+
+    @invariant()
+    def caps_come_from_the_one_function(self) -> None:
+        for name, replica in self.ledger.table.replicas.items():
+            limits = self.ledger.limits[name]
+            operator = None if limits.operator is None else limits.operator.cap
+            expected = effective_cap(
+                self.rule_, replica_cap=limits.fixed_cap, capacity_tokens=limits.capacity_tokens, operator_cap=operator
+            )
+            assert replica.cap == expected
+
+    @invariant()
+    def the_index_agrees_with_a_scan(self) -> None:
+        eligible = [r for r in self.ledger.table.replicas.values() if r.accepts_new()]
+        scanned = min(eligible, key=lambda r: r.live) if eligible else None
+        assert self.ledger.table.least_eligible() is scanned
+
+    @invariant()
+    def queue_matches_the_model(self) -> None:
+        assert [w.ticket for w in self.ledger.queue] == self.queued
+        if self.ledger.queue:  # a head that could be placed would have been admitted
+            assert not any(r.accepts_new() for r in self.ledger.table.replicas.values())
+
+
+TestLedgerProperties = LedgerMachine.TestCase
+TestLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
