@@ -15,6 +15,9 @@ from rolloutpool.engine.tokenizer import VOCAB_SIZE, ChatMessage, render_chat, t
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "MAX_BATCH",
+    "MAX_N",
+    "Choice",
     "GenerationParams",
     "OpenAIError",
     "chat_chunk",
@@ -27,6 +30,11 @@ __all__ = [
     "usage",
     "usage_chunk",
 ]
+
+MAX_N = 64
+"""Largest ``n`` the simulator takes (each choice is one engine request)."""
+MAX_BATCH = 256
+"""Most prompts in one completions request."""
 
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` when the body has none (OpenAI's completions default; also used for chat)."""
@@ -64,6 +72,10 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     seed: int | None
+    n: int = 1
+    """Choices per prompt (vLLM's ``n``)."""
+    return_token_ids: bool = False
+    """vLLM's ``return_token_ids``: add ``token_ids`` (and ``prompt_token_ids``) to the answer."""
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -97,9 +109,12 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
         max_tokens = _int_field(body, name, minimum=1)
         if max_tokens is not None:
             break
-    n = _int_field(body, "n", minimum=1)
-    if n is not None and n != 1:
-        raise OpenAIError(400, "The engine simulator supports n=1 only.", param="n")
+    n = _int_field(body, "n", minimum=1) or 1
+    if n > MAX_N:
+        raise OpenAIError(400, f"n must be at most {MAX_N}, got {n}.", param="n")
+    return_token_ids = body.get("return_token_ids")
+    if return_token_ids is not None and not isinstance(return_token_ids, bool):
+        raise OpenAIError(400, "return_token_ids must be a boolean.", param="return_token_ids")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -120,6 +135,8 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
         stream=stream,
         include_usage=include_usage,
         seed=seed,
+        n=n,
+        return_token_ids=bool(return_token_ids),
     )
 
 
@@ -130,22 +147,28 @@ def _token_ids(value: list[Any]) -> list[int]:
     return list(value)
 
 
-def parse_completion(body: dict[str, Any]) -> tuple[list[int], GenerationParams]:
-    """Prompt ids and parameters of ``POST /v1/completions``."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+def _one_prompt(prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenize(prompt)
     elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = _token_ids(prompt)
-    elif isinstance(prompt, list):
-        raise OpenAIError(400, "Batched prompts are not supported by the engine simulator.", param="prompt")
     else:
-        raise OpenAIError(400, "prompt must be a string or a list of token ids.", param="prompt")
+        raise OpenAIError(400, "prompt must be a string, a list of token ids, or a list of either.", param="prompt")
     if not ids:
         raise OpenAIError(400, "The prompt cannot be empty.", param="prompt")
-    return ids, _params(body, max_tokens_names=("max_tokens",))
+    return ids
+
+
+def parse_completion(body: dict[str, Any]) -> tuple[list[list[int]], GenerationParams]:
+    """Prompts (a batch: one or more, as vLLM accepts them) and parameters of ``POST /v1/completions``."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_BATCH:
+            raise OpenAIError(400, f"At most {MAX_BATCH} prompts per request, got {len(prompt)}.", param="prompt")
+        prompts = [_one_prompt(p) for p in prompt]
+    else:
+        prompts = [_one_prompt(prompt)]
+    return prompts, _params(body, max_tokens_names=("max_tokens",))
 
 
 def _content(value: Any) -> str:
@@ -177,75 +200,153 @@ def parse_chat(body: dict[str, Any]) -> tuple[list[int], GenerationParams]:
     return ids, _params(body, max_tokens_names=("max_completion_tokens", "max_tokens"))
 
 
-def usage(*, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """vLLM's usage object with ``prompt_tokens_details``."""
+def usage(*, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """vLLM's usage object; ``prompt_tokens_details`` is null when ``cached_tokens`` is None (details off)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
     }
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a non-streaming answer."""
+
+    index: int
+    text: str
+    finish_reason: str
+    token_ids: list[int] | None = None
+    """Generated ids, when the request set ``return_token_ids``."""
+    prompt_token_ids: list[int] | None = None
+    """Its prompt's ids, when the request set ``return_token_ids`` (completions put them on the choice)."""
 
 
 def completion_response(
-    *, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict[str, Any]
+    *, rid: str, created: int, model: str, choices: list[Choice], usage: dict[str, Any]
 ) -> dict[str, Any]:
     """A non-streaming ``text_completion``."""
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "stop_reason": None,
-        "prompt_logprobs": None,
-    }
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": c.prompt_token_ids,
+                "token_ids": c.token_ids,
+            }
+            for c in choices
+        ],
         "usage": usage,
         "kv_transfer_params": None,
     }
 
 
 def chat_response(
-    *, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict[str, Any]
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[Choice],
+    usage: dict[str, Any],
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """A non-streaming ``chat.completion``."""
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": text,
-        "refusal": None,
-        "tool_calls": [],
-        "reasoning_content": None,
-    }
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    """A non-streaming ``chat.completion`` (``prompt_token_ids`` sits on the response, not the choice)."""
+    out = []
+    for c in choices:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": c.text,
+            "refusal": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
+        out.append(
+            {
+                "index": c.index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": None,
+                "token_ids": c.token_ids,
+            }
+        )
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": out,
         "usage": usage,
         "prompt_logprobs": None,
+        "prompt_token_ids": prompt_token_ids,
         "kv_transfer_params": None,
     }
 
 
-def completion_chunk(*, rid: str, created: int, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-    """One streamed ``text_completion`` chunk."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+def completion_chunk(
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    index: int = 0,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk (one generated token, or the finish)."""
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "prompt_token_ids": prompt_token_ids,
+        "token_ids": token_ids,
+    }
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def chat_chunk(
-    *, rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish_reason: str | None,
+    index: int = 0,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """One streamed ``chat.completion.chunk``."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+    choice: dict[str, Any] = {
+        "index": index,
+        "delta": delta,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if prompt_token_ids is not None:
+        chunk["prompt_token_ids"] = prompt_token_ids
+    return chunk
 
 
 def usage_chunk(*, rid: str, obj: str, created: int, model: str, usage: dict[str, Any]) -> dict[str, Any]:
