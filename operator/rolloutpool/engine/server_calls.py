@@ -62,20 +62,22 @@ def parse_call(
         if len(ids) >= max_model_len:
             raise OpenAIError(
                 400,
-                f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-                f"{len(ids)} input tokens. Please reduce the length of the input messages.",
-                param="messages" if chat else "prompt",
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+                f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                f"the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                param="input_tokens",
             )
     return prompts, params
 
 
-def usage_of(call: Call, *, cached: int, details: bool) -> dict[str, Any]:
+def usage_of(call: Call, *, cached: int, details: bool, stream: bool = False) -> dict[str, Any]:
     """Usage of the whole call: each prompt once (not per choice), every choice's tokens."""
     prompt_tokens = sum(len(ids) for ids in call.prompts[:: call.params.n])
     return usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=sum(job.visible for job in call.jobs),
         cached_tokens=cached if details else None,
+        stream=stream,
     )
 
 
@@ -144,23 +146,31 @@ class StreamState:
         """The closing ``"choices": []`` event with usage (vLLM: the first answer's cached tokens)."""
         call = self.call
         obj = "chat.completion.chunk" if call.chat else "text_completion"
-        use = usage_of(call, cached=call.jobs[0].request.cached_tokens, details=details)
+        use = usage_of(call, cached=call.jobs[0].request.cached_tokens, details=details, stream=True)
         return usage_chunk(rid=call.rid, obj=obj, created=self.created, model=self.model, usage=use)
 
     def _chunk(self, i: int, ids: list[int], finish: str | None, *, role: bool = False) -> dict[str, Any]:
         call = self.call
         rti = call.params.return_token_ids
-        common = {"rid": call.rid, "created": self.created, "model": self.model, "finish_reason": finish, "index": i}
         if call.chat:
             delta = {"role": "assistant", "content": ""} if role else {"content": detokenize(ids)}
             return chat_chunk(
-                **common,  # type: ignore[arg-type]
+                rid=call.rid,
+                created=self.created,
+                model=self.model,
+                finish_reason=finish,
+                index=i,
                 delta=delta,
                 token_ids=ids if rti and not role else None,
                 prompt_token_ids=call.prompts[0] if rti and role and i == 0 else None,
+                opening=role,
             )
         return completion_chunk(
-            **common,  # type: ignore[arg-type]
+            rid=call.rid,
+            created=self.created,
+            model=self.model,
+            finish_reason=finish,
+            index=i,
             text=detokenize(ids),
             token_ids=ids if rti else None,
             prompt_token_ids=call.prompts[i] if rti and self.sent[i] == 0 else None,

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "MAX_BATCH",
     "MAX_N",
+    "SYSTEM_FINGERPRINT",
     "Choice",
     "GenerationParams",
     "OpenAIError",
@@ -36,27 +37,39 @@ MAX_N = 64
 MAX_BATCH = 256
 """Most prompts in one completions request."""
 
+SYSTEM_FINGERPRINT = "vllm-0.32.0-engine-sim"
+"""``system_fingerprint`` of every answer (vLLM: ``vllm-<version>-<hash>``)."""
+
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` when the body has none (OpenAI's completions default; also used for chat)."""
 
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+_VALIDATION_TYPE = "Bad Request"
+"""vLLM 0.32's ``type`` for a body that fails its request model (a type error), as FastAPI names the status."""
 
 
 class OpenAIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, err_type: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.err_type = err_type
+        """vLLM's ``type`` when it is not the status's default (``Bad Request`` for body validation)."""
+
+    @classmethod
+    def invalid_body(cls, field: str, message: str) -> OpenAIError:
+        """A field of the wrong type: vLLM's request validation answers ``Bad Request`` with ``body.<field>``."""
+        return cls(400, f"1 validation error: {message}", param=f"body.{field}", err_type=_VALIDATION_TYPE)
 
     def body(self) -> dict[str, Any]:
         """The JSON body vLLM sends."""
         return {
             "error": {
                 "message": self.message,
-                "type": _ERROR_TYPES.get(self.status, "InternalServerError"),
+                "type": self.err_type or _ERROR_TYPES.get(self.status, "InternalServerError"),
                 "param": self.param,
                 "code": self.status,
             }
@@ -83,9 +96,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OpenAIError(400, f"Invalid JSON body: {exc}") from None
+        raise OpenAIError(400, f"JSON decode error: {exc}", param="body.0", err_type=_VALIDATION_TYPE) from None
     if not isinstance(body, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.")
+        raise OpenAIError(400, "The request body must be a JSON object.", param="body", err_type=_VALIDATION_TYPE)
     return body
 
 
@@ -94,16 +107,22 @@ def _int_field(body: dict[str, Any], name: str, *, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OpenAIError(400, f"{name} must be an integer, got {value!r}.", param=name)
+        raise OpenAIError.invalid_body(name, f"{name} should be a valid integer, got {value!r}.")
     if value < minimum:
-        raise OpenAIError(400, f"{name} must be at least {minimum}, got {value}.", param=name)
+        # vLLM names the parameter for max_tokens but not for n
+        raise OpenAIError(
+            400,
+            f"{name} must be at least {minimum}, got {value}."
+            + (f" (parameter={name}, value={value})" if name != "n" else ""),
+            param=None if name == "n" else name,
+        )
     return value
 
 
 def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> GenerationParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise OpenAIError(400, "model must be a string.", param="model")
+        raise OpenAIError.invalid_body("model", "model should be a valid string.")
     max_tokens = None
     for name in max_tokens_names:
         max_tokens = _int_field(body, name, minimum=1)
@@ -114,21 +133,21 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
         raise OpenAIError(400, f"n must be at most {MAX_N}, got {n}.", param="n")
     return_token_ids = body.get("return_token_ids")
     if return_token_ids is not None and not isinstance(return_token_ids, bool):
-        raise OpenAIError(400, "return_token_ids must be a boolean.", param="return_token_ids")
+        raise OpenAIError.invalid_body("return_token_ids", "return_token_ids should be a valid boolean.")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise OpenAIError(400, "stream must be a boolean.", param="stream")
+        raise OpenAIError.invalid_body("stream", "stream should be a valid boolean.")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
-            raise OpenAIError(400, "stream_options must be an object.", param="stream_options")
+            raise OpenAIError.invalid_body("stream_options", "stream_options should be a valid object.")
         include_usage = options.get("include_usage") is True
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise OpenAIError(400, "seed must be an integer.", param="seed")
+        raise OpenAIError.invalid_body("seed", "seed should be a valid integer.")
     return GenerationParams(
         model=model,
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
@@ -143,7 +162,7 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
 def _token_ids(value: list[Any]) -> list[int]:
     for token in value:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < VOCAB_SIZE:
-            raise OpenAIError(400, f"Token id {token!r} is out of vocabulary (size {VOCAB_SIZE}).", param="prompt")
+            raise OpenAIError(400, f"Token id {token!r} is out of vocabulary")
     return list(value)
 
 
@@ -153,15 +172,19 @@ def _one_prompt(prompt: Any) -> list[int]:
     elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = _token_ids(prompt)
     else:
-        raise OpenAIError(400, "prompt must be a string, a list of token ids, or a list of either.", param="prompt")
+        raise OpenAIError.invalid_body("prompt", "prompt should be a string, a list of token ids, or a list of either.")
     if not ids:
-        raise OpenAIError(400, "The prompt cannot be empty.", param="prompt")
+        raise OpenAIError(400, "You must pass at least one prompt")
     return ids
 
 
 def parse_completion(body: dict[str, Any]) -> tuple[list[list[int]], GenerationParams]:
     """Prompts (a batch: one or more, as vLLM accepts them) and parameters of ``POST /v1/completions``."""
     prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        raise OpenAIError(
+            400, "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", param="prompt"
+        )
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) > MAX_BATCH:
             raise OpenAIError(400, f"At most {MAX_BATCH} prompts per request, got {len(prompt)}.", param="prompt")
@@ -189,25 +212,40 @@ def _content(value: Any) -> str:
 def parse_chat(body: dict[str, Any]) -> tuple[list[int], GenerationParams]:
     """Prompt ids (messages through the chat template) and parameters of ``POST /v1/chat/completions``."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise OpenAIError(400, "messages must be a non-empty list.", param="messages")
+    if not isinstance(messages, list):
+        raise OpenAIError.invalid_body("messages", "messages should be a valid list.")
+    if not messages:
+        raise OpenAIError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
     rendered: list[ChatMessage] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise OpenAIError(400, "Each message must be an object with a string role.", param="messages")
+            raise OpenAIError.invalid_body("messages", "each message should be an object with a string role.")
         rendered.append({"role": message["role"], "content": _content(message.get("content"))})
     ids = tokenize(render_chat(rendered))
     return ids, _params(body, max_tokens_names=("max_completion_tokens", "max_tokens"))
 
 
-def usage(*, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """vLLM's usage object; ``prompt_tokens_details`` is null when ``cached_tokens`` is None (details off)."""
-    return {
+def usage(
+    *, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, stream: bool = False
+) -> dict[str, Any]:
+    """vLLM's usage object; ``prompt_tokens_details`` is null when ``cached_tokens`` is None (details off).
+
+    A stream's closing usage carries fewer fields than a whole answer's, as vLLM's does.
+    """
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": None,
     }
+    if cached_tokens is not None:
+        details: dict[str, Any] = {"cached_tokens": cached_tokens}
+        if not stream:
+            details.update(created_cache_tokens=None, multimodal_tokens=None)
+        out["prompt_tokens_details"] = details
+    if not stream:
+        out["completion_tokens_details"] = None
+    return out
 
 
 @dataclass(frozen=True)
@@ -242,11 +280,16 @@ def completion_response(
                 "prompt_logprobs": None,
                 "prompt_token_ids": c.prompt_token_ids,
                 "token_ids": c.token_ids,
+                "routed_experts": None,
             }
             for c in choices
         ],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -266,8 +309,10 @@ def chat_response(
             "role": "assistant",
             "content": c.text,
             "refusal": None,
-            "tool_calls": [],
-            "reasoning_content": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
         }
         out.append(
             {
@@ -277,6 +322,7 @@ def chat_response(
                 "finish_reason": c.finish_reason,
                 "stop_reason": None,
                 "token_ids": c.token_ids,
+                "routed_experts": None,
             }
         )
     return {
@@ -285,10 +331,15 @@ def chat_response(
         "created": created,
         "model": model,
         "choices": out,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage,
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_token_ids,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -326,16 +377,13 @@ def chat_chunk(
     index: int = 0,
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
+    opening: bool = False,
 ) -> dict[str, Any]:
-    """One streamed ``chat.completion.chunk``."""
-    choice: dict[str, Any] = {
-        "index": index,
-        "delta": delta,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "stop_reason": None,
-    }
-    if token_ids is not None:
+    """One streamed ``chat.completion.chunk``: the opening role event, a token, or the finish (vLLM's keys)."""
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    if finish_reason is not None:
+        choice["stop_reason"] = None
+    if not opening:
         choice["token_ids"] = token_ids
     chunk: dict[str, Any] = {
         "id": rid,
@@ -344,11 +392,20 @@ def chat_chunk(
         "model": model,
         "choices": [choice],
     }
-    if prompt_token_ids is not None:
+    if opening:
         chunk["prompt_token_ids"] = prompt_token_ids
+        chunk["prompt_text"] = None
     return chunk
 
 
 def usage_chunk(*, rid: str, obj: str, created: int, model: str, usage: dict[str, Any]) -> dict[str, Any]:
     """The last chunk of a stream with ``include_usage``: no choices, only usage."""
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }

@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, resolve_cap
+from rolloutpool.router.engine_reports import observe_cached_report
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit, combined_cap
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.reprefill import CachedTokensWatch, reprefill_tokens
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
 
 __all__ = [
@@ -88,6 +90,9 @@ class ReplicaRuntime:
     unready_reason: str | None = None
     operator: OperatorLimit | None = None
     """Cap and quarantine the operator wrote into the RolloutPool status, if any."""
+    prefix_caching: bool | None = None
+    """The engine's ``enable_prefix_caching`` (scraped; None until reported)."""
+    cached_watch: CachedTokensWatch = field(default_factory=CachedTokensWatch)
 
 
 @dataclass
@@ -381,6 +386,10 @@ class SessionManager:
         fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
         runtime = self.runtime.get(session.replica)
+        if runtime is not None:
+            observe_cached_report(
+                self.metrics, runtime.cached_watch, replica=session.replica, cached_tokens=usage.cached_tokens
+            )
         if runtime is None or session.context_tokens <= 0 or usage.cached_tokens is None:
             return 0
         expected = expected_cached_tokens(
@@ -389,8 +398,14 @@ class SessionManager:
             block_size=runtime.block_size,
         )
         before = runtime.pressure.quarantines
+        counted = reprefill_tokens(  # one block of tolerance; none with caching off (routing/reprefill.py)
+            expected_cached=expected,
+            cached=usage.cached_tokens,
+            block_size=runtime.block_size,
+            prefix_caching=runtime.prefix_caching,
+        )
         shortfall = runtime.pressure.observe_response(
-            now=self.clock(), expected_cached=expected, cached=usage.cached_tokens
+            now=self.clock(), expected_cached=expected, cached=expected - counted
         )
         if shortfall:
             self.metrics.reprefilled_tokens.labels(session.replica).inc(shortfall)
