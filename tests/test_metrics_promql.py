@@ -105,6 +105,7 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
         f"sum by (pod) (max by (pod, engine) (rate(vllm:num_preemptions_total{{{engine}}}[60s])))"
     )
     assert queries["waiting"] == f"sum by (pod) (max by (pod, engine) (vllm:num_requests_waiting{{{engine}}}))"
+
     def first_of(names: tuple[str, ...]) -> str:
         return " or ".join(f"sum by (pod) (max by (pod, engine) (rate({n}{{{engine}}}[60s])))" for n in names)
 

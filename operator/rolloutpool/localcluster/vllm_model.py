@@ -231,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - manual
     parser = argparse.ArgumentParser(prog="python -m rolloutpool.localcluster.vllm_model")
     parser.add_argument("command", choices=("ensure", "serve"))
     parser.add_argument("port", nargs="?", type=int, default=8000)
+    parser.add_argument("--num-gpu-blocks", type=int, default=None, help="--num-gpu-blocks-override")
     args = parser.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -246,7 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - manual
             return 1
         log(f"vLLM ready python={env.python} model={model} (checked in {time.monotonic() - started:.2f}s)")
         return 0
-    server = VllmServer(VllmServerConfig(port=args.port), log=log)
+    server = VllmServer(VllmServerConfig(port=args.port, num_gpu_blocks=args.num_gpu_blocks), log=log)
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     with server:
         log(f"Serving {SERVED_MODEL} at {server.url} (log {server.log_path})")
         with contextlib.suppress(KeyboardInterrupt):
