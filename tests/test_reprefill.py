@@ -6,13 +6,18 @@ vLLM's flags (``prompt_tokens_details`` off, prefix caching off).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rolloutpool.localcluster.vllm_env import extra_requirements, recipe_hash
 from rolloutpool.localcluster.vllm_model import VllmServerConfig, server_command
+from rolloutpool.metrics.routerstats import parse_router_metrics
+from rolloutpool.reconcile.caps import parse_spec
+from rolloutpool.reconcile.status import build_status
 from rolloutpool.router.scrape import parse_signals, scrape_timeout
 from rolloutpool.routing.reprefill import CachedTokensWatch, reprefill_tokens
 from routerkit import engines, eventually, router
+from test_reconcile_status import HEALTHY, E, pods_of, pool_object
 
 
 def test_a_shortfall_of_up_to_one_block_is_not_reprefill() -> None:
@@ -103,3 +108,31 @@ async def test_router_never_quarantines_a_replica_with_caching_off_for_misses() 
             assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert await rt.metric("rolloutpool_router_reprefilled_tokens_total") == 0
         assert await rt.metric("rolloutpool_router_quarantines_total") == 0
+
+
+def test_router_exposition_engine_warnings_reach_the_pool_status() -> None:
+    text = (
+        f'rolloutpool_router_replica_engine_warning{{replica="{E(1)}",warning="NoCachedTokens"}} 1.0\n'
+        f'rolloutpool_router_replica_engine_warning{{replica="{E(1)}",warning="PrefixCachingOff"}} 0.0\n'
+    )
+    sample = parse_router_metrics(text)
+    assert sample.engine_warnings == {E(1): ("NoCachedTokens",)}
+    pool = pool_object()
+    spec, _ = parse_spec(pool=pool)
+    status = build_status(
+        pool=pool,
+        spec=spec,
+        spec_error=None,
+        pods=pods_of(pool),
+        live_sessions={},
+        queued_sessions=0,
+        controls={},
+        health=HEALTHY,
+        draining={},
+        previous=None,
+        now=datetime(2026, 1, 1, tzinfo=UTC),
+        engine_warnings=sample.engine_warnings,
+    )
+    by_name = {entry.name: entry.engine_warnings for entry in status.replica_status}
+    assert by_name[E(1)] == ["NoCachedTokens"]
+    assert by_name[E(0)] == []

@@ -205,6 +205,7 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
         plan=plan,
         router_deployment=deployment,
         router_quarantined=stats.quarantined if stats.reachable else None,
+        engine_warnings=stats.engine_warnings,
     )
     if not await _write(context, pool, previous, status, error):
         return None
