@@ -39,6 +39,7 @@ __all__ = [
     "RECIPE",
     "SITECUSTOMIZE",
     "TORCH_VERSION",
+    "VLLM_IMAGE_PATTERN",
     "VLLM_VERSION",
     "VllmEnv",
     "ensure_vllm",
@@ -46,6 +47,7 @@ __all__ = [
     "main",
     "recipe_hash",
     "vllm_env",
+    "vllm_executables",
 ]
 
 VLLM_VERSION = "0.32.0"
@@ -112,6 +114,17 @@ class VllmEnv:
     def ready(self) -> bool:
         """True once a complete install's stamp exists (cheap: no import)."""
         return self.stamp.is_file() and self.python.exists()
+
+
+VLLM_IMAGE_PATTERN = r"^rolloutpool\.local/vllm-cpu(:[\w][\w.-]*)?$"
+"""Image name the process kubelet runs as the cached vLLM's ``vllm`` command (a pool's ``engine.image``)."""
+
+
+def vllm_executables() -> dict[str, str]:
+    """``{"vllm": <venv>/bin/vllm}`` when the cached install is complete, else empty."""
+    env = vllm_env()
+    command = env.venv / "bin" / "vllm"
+    return {"vllm": str(command)} if env.ready() and command.exists() else {}
 
 
 def recipe_hash() -> str:
