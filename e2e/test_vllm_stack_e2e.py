@@ -112,6 +112,10 @@ def test_real_vllm_pool_is_quarantined_under_eviction_and_released(stack: LocalS
         raise AssertionError(diagnosis(stack)) from err
     print(f"vLLM pool Ready in {time.monotonic() - started:.0f}s")
     router: str = wait_until("a ready router", lambda: stack.router_url(POOL), timeout=120)
+    # the operator's law reads the real engine through Prometheus: metrics available, capacity as vLLM reports it
+    wait_until("MetricsAvailable=True", lambda: _is(stack, "MetricsAvailable", "True"), timeout=180, interval=2.0)
+    (entry,) = stack.pool(POOL)["status"]["replicaStatus"]
+    assert entry["kvCapacityTokens"] == BLOCKS * 32, entry
 
     def held() -> dict[str, Any] | None:
         now = stack.pool(POOL)
