@@ -15,20 +15,17 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutpool.engine.server_protocol import (
+from rolloutpool.engine.server_protocol import GenerationParams, OpenAIError, parse_chat, parse_completion
+from rolloutpool.engine.server_runtime import Job
+from rolloutpool.engine.server_shapes import (
     Choice,
-    GenerationParams,
-    OpenAIError,
     chat_chunk,
     chat_response,
     completion_chunk,
     completion_response,
-    parse_chat,
-    parse_completion,
     usage,
     usage_chunk,
 )
-from rolloutpool.engine.server_runtime import Job
 from rolloutpool.engine.tokenizer import detokenize
 
 __all__ = ["Call", "StreamState", "final_body", "parse_call", "usage_of"]
