@@ -154,6 +154,16 @@ def validate(manifest: TextIO) -> None:
 @click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
 @click.option("--num-gpu-blocks", type=click.IntRange(min=2), default=None, help="KV pool size (default: preset's).")
 @click.option("--kv-capacity-tokens", type=click.IntRange(min=32), default=None, help="KV pool size in tokens.")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per KV block.")
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True, help="As vLLM's flag."
+)
+@click.option(
+    "--enable-prompt-tokens-details/--no-enable-prompt-tokens-details",
+    default=True,
+    show_default=True,
+    help="Report usage.prompt_tokens_details (vLLM's default is off; the simulator's on).",
+)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
 @click.option("--time-scale", type=click.FloatRange(min=0.001), default=1.0, show_default=True)
@@ -169,6 +179,9 @@ def engine_sim(
     hardware: str,
     num_gpu_blocks: int | None,
     kv_capacity_tokens: int | None,
+    block_size: int,
+    enable_prefix_caching: bool,
+    enable_prompt_tokens_details: bool,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     time_scale: float,
@@ -183,7 +196,7 @@ def engine_sim(
     if kv_capacity_tokens is not None:
         if num_gpu_blocks is not None:
             raise click.UsageError("give --num-gpu-blocks or --kv-capacity-tokens, not both")
-        num_gpu_blocks = kv_capacity_tokens // 16
+        num_gpu_blocks = kv_capacity_tokens // block_size
     try:
         config = ServerConfig(
             host=host,
@@ -192,6 +205,9 @@ def engine_sim(
             max_model_len=max_model_len,
             hardware=hardware,
             num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prompt_tokens_details=enable_prompt_tokens_details,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             time_scale=time_scale,

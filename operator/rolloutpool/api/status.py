@@ -103,6 +103,11 @@ class ReplicaStatus(StatusModel):
     router_quarantined_at: datetime | None = None
     """When a router last reported the quarantine: shown until 15 s after that, unless no router answers."""
 
+    engine_warnings: list[str] = Field(default_factory=list)
+    """What the engine does not report, as the routers see it: ``NoCachedTokens`` (no
+    ``prompt_tokens_details``: re-prefill is undetectable; start vLLM with ``--enable-prompt-tokens-details``),
+    ``PrefixCachingOff`` (nothing is cached; misses never quarantine it)."""
+
     cap_changed_at: datetime | None = None
     """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""
 

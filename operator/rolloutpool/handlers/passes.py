@@ -53,7 +53,12 @@ async def observe(context: OperatorContext, memory: PoolMemory, pool: dict[str, 
     urls = router_urls(router_pods)
     stats = await asyncio.to_thread(context.router_stats, urls) if urls else RouterStats({}, 0, 0)
     routers = RouterView(
-        stats.live_sessions, stats.queued_sessions, stats.reachable, stats.quarantined, stats.reachable > 0 or not urls
+        stats.live_sessions,
+        stats.queued_sessions,
+        stats.reachable,
+        stats.quarantined,
+        stats.reachable > 0 or not urls,
+        stats.engine_warnings,
     )
     observed = Observed(pool, pods, deployment, routers, memory.recall(), context.settings, clock, None, router_pods)
     query = metrics_query(observed, now=now)

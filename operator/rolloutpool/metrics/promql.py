@@ -21,6 +21,8 @@ from rolloutpool.autoscale import ReplicaSignals
 __all__ = [
     "ENGINE_KV_USAGE",
     "ENGINE_KV_USAGE_OLD",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "QUERY_NAMES",
     "assemble_signals",
     "build_queries",
@@ -32,6 +34,20 @@ __all__ = [
 
 ENGINE_KV_USAGE: Final = "vllm:kv_cache_usage_perc"
 ENGINE_KV_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"
+PREFIX_CACHE_HITS: Final = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",  # older V1 releases
+    "vllm:prefix_cache_hits",  # counters exposed without the _total suffix
+    "vllm:gpu_prefix_cache_hits",
+)
+"""The prefix-cache hit counter under each name vLLM releases exported, newest first."""
+PREFIX_CACHE_QUERIES: Final = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_queries",
+)
+"""The prefix-cache query counter under each name, newest first."""
 _WAITING: Final = "vllm:num_requests_waiting"
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
@@ -77,6 +93,11 @@ def _engine_sum(expr: str) -> str:
     return f"sum by (pod) (max by (pod, engine) ({expr}))"
 
 
+def _engine_sum_or_old(names: tuple[str, ...], selector_range: str) -> str:
+    """The per-pod rate of the first of ``names`` a pod exports (current name first, older ones after)."""
+    return " or ".join(_engine_sum(f"rate({name}{selector_range})") for name in names)
+
+
 def _router_sum(expr: str) -> str:
     # one value per router pod (deduplicated across jobs), summed over router pods
     return f"sum by (replica) (max by (replica, pod) ({expr}))"
@@ -104,9 +125,11 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "preemptions_per_s": _engine_sum(f"rate(vllm:num_preemptions_total{{{engine}}}[{w}])"),
         "waiting": _engine_sum(f"{_WAITING}{{{engine}}}"),
         "prefix_hit_ratio": (
-            _engine_sum(f"rate(vllm:prefix_cache_hits_total{{{engine}}}[{w}])")
-            + " / "
-            + _engine_sum(f"rate(vllm:prefix_cache_queries_total{{{engine}}}[{w}])")
+            "("
+            + _engine_sum_or_old(PREFIX_CACHE_HITS, f"{{{engine}}}[{w}]")
+            + ") / ("
+            + _engine_sum_or_old(PREFIX_CACHE_QUERIES, f"{{{engine}}}[{w}]")
+            + ")"
         ),
         "cache_config": f"vllm:cache_config_info{{{engine}}}",
         "engine_sampled_at": f"max by (pod) (timestamp({_WAITING}{{{engine}}}))",

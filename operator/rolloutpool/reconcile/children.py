@@ -17,6 +17,7 @@ from typing import Any
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import API_GROUP, PLURAL
+from rolloutpool.reconcile.engine_pod import apply_engine_fields
 from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
     ENGINE_PORT,
@@ -228,7 +229,8 @@ def engine_pod(*, pool: Mapping[str, Any], spec: RolloutPoolSpec, index: int, de
         pod_spec["nodeSelector"] = dict(engine.node_selector)
     if engine.tolerations:
         pod_spec["tolerations"] = copy.deepcopy(engine.tolerations)
-    return with_spec_hash({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return with_spec_hash(apply_engine_fields(pod, engine))  # GPU-cluster fields and podTemplate (engine_pod.py)
 
 
 def desired_engine_pods(

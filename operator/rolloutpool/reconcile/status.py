@@ -267,6 +267,7 @@ def build_status(
     router_deployment: Mapping[str, Any] | None = None,
     router_quarantined: Mapping[str, str] | None = None,
     router_hold_seconds: float = ROUTER_QUARANTINE_HOLD_SECONDS,
+    engine_warnings: Mapping[str, Sequence[str]] | None = None,
 ) -> RolloutPoolStatus:
     """The whole status of a pool from what was observed in this pass (pure).
 
@@ -277,6 +278,7 @@ def build_status(
     ``router_deployment`` the observed router Deployment (``Ready`` needs it available);
     ``router_quarantined`` replica -> reason for the replicas the answering routers quarantine by
     themselves, None when no router answered (see :func:`router_quarantine`).
+    ``engine_warnings`` replica -> what its engine does not report (the routers' view).
     With ``spec_error`` set, ``Ready`` is False with a reason naming the field.
     """
     meta = pool.get("metadata") or {}
@@ -318,6 +320,8 @@ def build_status(
                 ),
             )
         )
+        if engine_warnings and engine_warnings.get(pod_name):
+            entries[-1] = entries[-1].model_copy(update={"engine_warnings": list(engine_warnings[pod_name])})
 
     verdicts = _verdicts(
         spec=spec,

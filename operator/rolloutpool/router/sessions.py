@@ -26,6 +26,7 @@ from rolloutpool.router.admission import (
     ShuttingDownError,
 )
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
+from rolloutpool.router.engine_reports import observe_cached_report
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
@@ -42,6 +43,7 @@ from rolloutpool.routing.events import (
 from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState
+from rolloutpool.routing.reprefill import CachedTokensWatch
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
 
 __all__ = [
@@ -71,6 +73,17 @@ class ReplicaRuntime:
     signals: dict[str, float] = field(default_factory=dict)
     """Last scraped signals, for the admin API."""
     unready_reason: str | None = None
+    cached_watch: CachedTokensWatch = field(default_factory=CachedTokensWatch)
+    """Whether the replica's responses ever carry ``cached_tokens`` (warned about once)."""
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        """The engine's ``enable_prefix_caching`` (scraped; None until reported)."""
+        return self.limits.prefix_caching
+
+    @prefix_caching.setter
+    def prefix_caching(self, value: bool | None) -> None:
+        self.limits.prefix_caching = value
 
     @property
     def pressure(self) -> PressureState:
@@ -361,6 +374,11 @@ class SessionManager:
         A shortfall is re-prefill of a live session's evicted prefix: counted per replica and fed to the
         fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
+        runtime = self.runtime.get(session.replica)
+        if runtime is not None:
+            observe_cached_report(
+                self.metrics, runtime.cached_watch, replica=session.replica, cached_tokens=usage.cached_tokens
+            )
         expected, shortfall = self.ledger.observe_cached(session, now=self.clock(), usage=usage)
         self._reprefilled(session, usage, expected=expected, shortfall=shortfall)
         return shortfall

@@ -49,6 +49,7 @@ from rolloutpool.routing.events import (
 from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
 from rolloutpool.routing.policies import Placement, Policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.reprefill import reprefill_tokens
 from rolloutpool.routing.table import Session, SessionTable
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
@@ -320,11 +321,17 @@ class Ledger:
             prompt_tokens=usage.prompt_tokens,
             block_size=limits.block_size,
         )
+        counted = reprefill_tokens(  # one block of tolerance; none with caching off (routing/reprefill.py)
+            expected_cached=expected,
+            cached=usage.cached_tokens,
+            block_size=limits.block_size,
+            prefix_caching=limits.prefix_caching,
+        )
         pressure = limits.pressure
         if pressure is None:
-            return expected, max(0, expected - usage.cached_tokens)
+            return expected, counted
         before = pressure.quarantines
-        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=usage.cached_tokens)
+        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=expected - counted)
         self._sync_quarantine(session.replica, now=now, entered=pressure.quarantines > before)
         return expected, shortfall
 
