@@ -247,6 +247,8 @@ def build_app(
     add.add_get("/healthz", service.healthz)
     add.add_get("/readyz", service.readyz)
     add.add_get("/metrics", service.prometheus)
+    # vllm-router drop-in: the health RL frameworks poll
+    add.add_get("/health", service.sessions.health)
     app.on_startup.append(service.start)
     app.on_shutdown.append(service.shutdown)
     app.on_cleanup.append(service.cleanup)

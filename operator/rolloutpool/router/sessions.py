@@ -109,6 +109,8 @@ class SessionManager:
         self.runtime: dict[str, ReplicaRuntime] = {}
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._inflight: collections.Counter[str] = collections.Counter()
+        self._release_pending: dict[str, str] = {}
+        """Busy sessions to release when their last request in flight ends, with how (``release_when_idle``)."""
         self._closed = False
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of the session table (snapshots hook in here)."""
@@ -144,6 +146,7 @@ class SessionManager:
         del self.runtime[name]
         for session_id in lost:
             self._inflight.pop(session_id, None)
+            self._release_pending.pop(session_id, None)
             self.on_forget(session_id)
             self.metrics.releases.labels("replica_lost").inc()
         _log.info("Removed replica replica=%s reason=%s sessions=%d", name, reason, len(lost))
@@ -296,6 +299,7 @@ class SessionManager:
         A session still waiting in the admission queue leaves it (its request is answered
         with :class:`ReleasedWhileQueuedError`), so it can never be placed after its release.
         """
+        self._release_pending.pop(session_id, None)
         session = self.table.release(session_id)
         if session is None:
             self.withdraw(session_id)
@@ -310,6 +314,17 @@ class SessionManager:
         self.on_change()
         self.admit_waiting()
         return session
+
+    def release_when_idle(self, session_id: str, *, how: str) -> tuple[Session | None, bool]:
+        """Release a session now, or when its requests in flight end; returns (session, deferred). Never waits.
+
+        A deferred session keeps its replica until its turn is answered and measured; the
+        next request after that finds no session and is placed as a new one.
+        """
+        if self.busy(session_id):
+            self._release_pending[session_id] = how
+            return self.table.lookup(session_id), True
+        return self.release(session_id, how=how), False
 
     def expire(self) -> list[Session]:
         """Release sessions idle past ``idle_timeout_s``; sessions with a request in flight are never idle."""
@@ -354,6 +369,8 @@ class SessionManager:
             self._inflight[sid] -= 1
             if self._inflight[sid] == 0:
                 del self._inflight[sid]
+                if (how := self._release_pending.pop(sid, None)) is not None:
+                    self.release(sid, how=how)
         replica = self.table.replicas.get(session.replica)
         if replica is not None and replica.inflight > 0:
             replica.inflight -= 1
