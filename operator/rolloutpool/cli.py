@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 import yaml
@@ -205,7 +205,14 @@ def engine_sim(
     run_server(config)
 
 
-@main.command("router")
+@main.command(
+    "router",
+    # vllm-router's flags (--worker-urls URL..., --policy, ...) arrive as extra arguments: router/compat.py
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="vllm-router's flags are accepted too (--worker-urls URL..., --policy, --request-id-headers, ...): "
+    "see docs/migrating-from-vllm-router.md.",
+)
+@click.pass_context
 @click.option("--replica", "replicas", multiple=True, help="name=url of an engine (repeatable).")
 @click.option("--discover-namespace", default=None, help="Discover replicas from the pods of this namespace.")
 @click.option(
@@ -239,6 +246,7 @@ def engine_sim(
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def router_command(
+    ctx: click.Context,
     replicas: tuple[str, ...],
     discover_namespace: str | None,
     discover_selector: str | None,
@@ -263,31 +271,45 @@ def router_command(
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
 
-    from rolloutpool.router import RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if bool(replicas) == bool(discover_namespace):
-        raise click.UsageError("give --replica (static) or --discover-namespace/--discover-selector, not both")
     try:
-        config = RouterConfig(
-            replicas=tuple(parse_replica(r) for r in replicas),
-            discovery=discover_namespace is not None,
-            host=host,
-            port=port,
-            cap=cap,
-            max_model_len=max_model_len,
-            expected_residency=residency,
-            headroom=headroom,
-            cap_ceiling=cap_ceiling,
-            idle_timeout_s=idle_timeout,
-            queue_max=queue_max,
-            queue_timeout_s=queue_timeout,
-            scrape_interval_s=scrape_interval,
-            upstream_timeout_s=upstream_timeout,
-            renew_every_s=renew_every,
-            state_path=state_path,
-            admin_token=admin_token_file.read_text().strip() if admin_token_file else None,
+        compat = translate(list(ctx.args))
+    except CompatError as err:
+        raise click.UsageError(str(err)) from err
+    level = getattr(logging, (compat.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for flag, reason in compat.accepted:
+        logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if bool(replicas or compat.worker_urls) == bool(discover_namespace):
+        raise click.UsageError(
+            "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
         )
+    try:
+        specs = tuple(parse_replica(r) for r in replicas)
+        specs += tuple(ReplicaSpec(name=replica_name(url), url=url) for url in compat.worker_urls)
+        settings: dict[str, Any] = {
+            "replicas": specs,
+            "discovery": discover_namespace is not None,
+            "host": host,
+            "port": port,
+            "cap": cap,
+            "max_model_len": max_model_len,
+            "expected_residency": residency,
+            "headroom": headroom,
+            "cap_ceiling": cap_ceiling,
+            "idle_timeout_s": idle_timeout,
+            "queue_max": queue_max,
+            "queue_timeout_s": queue_timeout,
+            "scrape_interval_s": scrape_interval,
+            "upstream_timeout_s": upstream_timeout,
+            "renew_every_s": renew_every,
+            "state_path": state_path,
+            "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
+        }
+        settings.update(compat.overrides)  # a vllm-router flag wins over our default
+        config = RouterConfig(**settings)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if discover_namespace is None:
