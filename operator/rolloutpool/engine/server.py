@@ -41,6 +41,7 @@ from rolloutpool.engine.server_protocol import (
     usage,
     usage_chunk,
 )
+from rolloutpool.engine.server_rl import install_rl_api
 from rolloutpool.engine.server_runtime import EngineRunner, Job
 from rolloutpool.engine.tokenizer import detokenize, generate_ids
 
@@ -325,6 +326,7 @@ def build_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/metrics", service.metrics)
     app.router.add_post("/v1/completions", service.completions)
     app.router.add_post("/v1/chat/completions", service.chat_completions)
+    install_rl_api(app, service.runner, config)  # vLLM's RL API: engine/server_rl.py
 
     async def start(_: web.Application) -> None:
         service.runner.start()
