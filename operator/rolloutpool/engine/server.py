@@ -42,6 +42,7 @@ from rolloutpool.engine.server_protocol import (
     usage_chunk,
 )
 from rolloutpool.engine.server_rl import install_rl_api
+from rolloutpool.engine.server_rl_protocol import salt_hash
 from rolloutpool.engine.server_runtime import EngineRunner, Job
 from rolloutpool.engine.tokenizer import detokenize, generate_ids
 
@@ -221,7 +222,8 @@ class _Service:
             return _error(exc)
         max_tokens = min(params.max_tokens, cfg.max_model_len - len(prompt_ids))
         seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
-        job = self.runner.submit(prompt_ids, generate_ids(prompt_ids, max_tokens, seed=seed))
+        salt = salt_hash(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
+        job = self.runner.submit(prompt_ids, generate_ids(prompt_ids, max_tokens, seed=seed), hash_parent=salt)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             if params.stream:

@@ -18,6 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.router.sessions import SessionManager
+from rolloutpool.routing.weights import flush_operations_total
 
 __all__ = ["ReplicaSignals", "Scraper", "parse_signals"]
 
@@ -142,7 +143,8 @@ class Scraper:
             async with self.client.get(f"{runtime.spec.url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}")
-                signals = parse_signals(await resp.text())
+                text = await resp.text()
+                signals = parse_signals(text)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             if self.manager.runtime.get(name) is not runtime:
                 return  # removed (or replaced) while we scraped
@@ -164,6 +166,7 @@ class Scraper:
         runtime.last_scrape = self.manager.clock()
         runtime.signals = {k: v for k, v in signals.as_dict().items() if v is not None}
         self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
+        self.manager.weights.observe_engine_ops(name, flush_operations_total(text), now=self.manager.clock())
         self.manager.observe_scrape(name, preemptions_total=signals.preemptions_total, waiting=signals.waiting)
         self.manager.set_ready(name, True)
 

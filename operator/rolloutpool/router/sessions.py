@@ -27,6 +27,7 @@ from rolloutpool.routing.discovery import OperatorLimit, combined_cap
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
+from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
 
 __all__ = [
     "AdmissionError",
@@ -112,6 +113,8 @@ class SessionManager:
         self._release_pending: dict[str, str] = {}
         """Busy sessions to release when their last request in flight ends, with how (``release_when_idle``)."""
         self._closed = False
+        self.weights = WeightTracker()
+        """Weight updates: flushes per replica, salts per session (re-prefill they cause is not eviction)."""
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of the session table (snapshots hook in here)."""
         self.on_forget: Callable[[str], None] = lambda _: None
@@ -306,6 +309,7 @@ class SessionManager:
             return None
         self.metrics.releases.labels(how).inc()
         self._inflight.pop(session_id, None)
+        self.weights.forget(session_id)
         self.on_forget(session_id)
         runtime = self.runtime.get(session.replica)
         if runtime is not None and how not in {"replaced", "upstream_error"}:
@@ -354,6 +358,7 @@ class SessionManager:
         """A request of ``session`` is being proxied (a stale binding pins nothing, as in :meth:`end`)."""
         if self.is_current(session):
             self._inflight[session.session_id] += 1
+            self.weights.turn_started(session.session_id, session.replica)
         replica = self.table.replicas.get(session.replica)
         if replica is not None:
             replica.inflight += 1
@@ -405,6 +410,14 @@ class SessionManager:
             prompt_tokens=usage.prompt_tokens,
             block_size=runtime.block_size,
         )
+        if (excuse := self.weights.excuse(session.session_id)) is not None:  # routing/weights.py
+            _log.info(
+                "Observed expected re-prefill replica=%s session=%s reason=%s",
+                session.replica,
+                session.session_id,
+                excuse,
+            )
+            return 0
         before = runtime.pressure.quarantines
         shortfall = runtime.pressure.observe_response(
             now=self.clock(), expected_cached=expected, cached=usage.cached_tokens
@@ -479,7 +492,10 @@ class SessionManager:
         """Feed a scrape's pressure signals to the replica's quarantine state."""
         pressure = self.runtime[name].pressure
         before = pressure.quarantines
-        pressure.observe_scrape(now=self.clock(), preemptions_total=preemptions_total, waiting=waiting)
+        if self.weights.in_grace(name, now=self.clock()):  # the re-prefill burst after a weight update
+            observe_scrape_excused(pressure, now=self.clock(), preemptions_total=preemptions_total)
+        else:
+            pressure.observe_scrape(now=self.clock(), preemptions_total=preemptions_total, waiting=waiting)
         self._sync_quarantine(name, entered=pressure.quarantines > before)
 
     def _sync_quarantine(self, name: str, *, entered: bool = False) -> None:
