@@ -286,3 +286,27 @@ async def test_flush_while_a_thousand_sessions_are_live() -> None:
         assert all(f[0] == 200 for f in finished)
         assert sum(rt.live().values()) == 10
     await no_leaked_tasks()
+
+
+# -- the operator's law -----------------------------------------------------------------
+
+
+def test_the_law_holds_through_a_weight_update_and_cuts_without_one() -> None:
+    from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica  # noqa: PLC0415
+    from rolloutpool.metrics.promql import assemble_signals, build_queries  # noqa: PLC0415
+
+    params = LawParams(floor=10, ceiling=40)
+    previous = ReplicaControl(cap=30, changed_at=0.0)
+    burst = {"kv_usage": 0.9, "waiting": 40.0, "preemptions_per_s": 1.0, "reprefill_tokens_per_s": 50_000.0}
+    cut = decide_replica(previous=previous, signals=ReplicaSignals(**burst), params=params, now=1000.0)
+    assert cut.cap < 30
+    assert cut.quarantined
+    held = decide_replica(
+        previous=previous, signals=ReplicaSignals(**burst, weight_updates=2.0), params=params, now=1000.0
+    )
+    assert (held.cap, held.quarantined, held.reason) == (30, False, "WeightUpdate")
+    query = build_queries(namespace="ns", replicas=["a"], window_seconds=120)["weight_updates"]
+    assert "increase(vllm:rl_weight_update_operation_duration_seconds_count{" in query
+    assert 'operation=~"pause|reset_prefix_cache|update_weights"' in query
+    answer = {"weight_updates": [{"metric": {"pod": "a"}, "value": [0, "3"]}], "kv_usage": []}
+    assert assemble_signals(answer, replicas=["a"])["a"] == ReplicaSignals(weight_updates=3.0)
