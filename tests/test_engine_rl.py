@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.engine.server import ServerConfig, build_app
 from rolloutpool.engine.server_rl import RL_CONTROL, RLControl
+from rolloutpool.engine.tokenizer import tokenize
 from routerkit import ENGINE_DEFAULTS, MODEL, eventually, serve, sse
 
 
@@ -141,6 +142,10 @@ async def test_tokenize_and_detokenize_round_trip() -> None:
         assert (await e.post("/tokenize", {"prompt": detok["prompt"]}))[1]["tokens"] == out  # generated ids round-trip
         special = (await e.post("/tokenize", {"prompt": "<|im_start|>"}))[1]["tokens"]
         assert (await e.post("/detokenize", {"tokens": special}))[1]["prompt"] == "<|im_start|>"
+        messages = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        status, rendered = await e.post("/v1/chat/completions/render", messages)
+        assert (status, rendered["token_ids"]) == (200, chat["tokens"])
+        assert (await e.post("/v1/completions/render", {"prompt": "hello"}))[1]["token_ids"] == tokenize("hello")
         assert (await e.post("/tokenize", {"nothing": 1}))[0] == 400
         assert (await e.post("/detokenize", {"tokens": "abc"}))[0] == 400
 

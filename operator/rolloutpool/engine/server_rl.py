@@ -6,6 +6,8 @@
 - ``POST /tokenize`` (``prompt`` or ``messages``) and ``POST /detokenize`` (``tokens``).
   Generated ids and special tokens detokenize exactly (re-tokenizing gives them
   back); a prompt word's id is a one-way hash, so it renders as ``<tokN>``.
+- ``POST /v1/chat/completions/render`` (``messages``) and ``/v1/completions/render``
+  (``prompt``): the prompt's ``token_ids`` (and ``features``: null, text only).
 - ``POST /pause?mode=abort|wait|keep&clear_cache=``: new generation requests (every
   generation path) wait until ``/resume``. ``abort`` (default) ends the requests in
   flight with ``finish_reason: abort``; ``wait`` answers once they have finished;
@@ -257,6 +259,20 @@ class RLControl:
             return _json(exc.body(), status=exc.status)
         return _json({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None})
 
+    async def render(self, request: web.Request) -> web.Response:
+        """``POST /v1/chat/completions/render`` (``messages``) and ``/v1/completions/render`` (``prompt``)."""
+        try:
+            body = parse_json_object(await request.read())
+            if request.path.startswith("/v1/chat/"):
+                ids, _ = parse_chat(body)
+            elif isinstance(body.get("prompt"), str):
+                ids = tokenize(body["prompt"])
+            else:
+                raise OpenAIError(400, "prompt must be a string.", param="prompt")
+        except OpenAIError as exc:
+            return _json(exc.body(), status=exc.status)
+        return _json({"token_ids": ids, "features": None})
+
     async def detokenize(self, request: web.Request) -> web.Response:
         """``POST /detokenize`` with ``tokens``."""
         try:
@@ -405,6 +421,8 @@ def install_rl_api(app: web.Application, runner: EngineRunner, config: ServerCon
     add.add_post("/inference/v1/generate", control.generate)
     add.add_post("/tokenize", control.tokenize)
     add.add_post("/detokenize", control.detokenize)
+    add.add_post("/v1/chat/completions/render", control.render)
+    add.add_post("/v1/completions/render", control.render)
     add.add_post("/pause", control.pause)
     add.add_post("/resume", control.resume)
     add.add_get("/is_paused", control.is_paused)
