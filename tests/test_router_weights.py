@@ -62,27 +62,32 @@ def test_flush_operations_total_reads_engine_metrics() -> None:
 
 def test_tracker_excuses_one_turn_per_session_after_a_flush() -> None:
     t = WeightTracker()
-    t.turn_started("s", "a")
-    assert t.excuse("s") is None
+    assert t.excuse("s", "a") is None  # a first turn: nothing to compare with
+    assert t.excuse("s", "a") is None
     t.flushed("a", now=10.0)
     assert t.in_grace("a", now=20.0)
     assert not t.in_grace("a", now=100.0)
-    t.turn_started("s", "a")
-    assert t.excuse("s") == "WeightUpdate"
-    assert t.excuse("s") is None  # once
-    t.turn_started("s", "a")
-    assert t.excuse("s") is None
+    assert t.excuse("s", "a") == "WeightUpdate"
+    assert t.excuse("s", "a") is None  # once
+    t.flushed("b", now=11.0)
+    assert t.excuse("s", "a") is None  # another replica's flush
+    t.note_salt("s", "v2")
+    assert t.excuse("s", "a") == "CacheSaltChanged"
+    t.note_salt("s", "v2")
+    assert t.excuse("s", "a") is None
     assert not t.observe_engine_ops("a", 1.0, now=0.0)  # the first count is a baseline
     assert t.observe_engine_ops("a", 2.0, now=1.0)
     assert not t.observe_engine_ops("b", None, now=0.0)
     assert t.observe_engine_ops("b", 1.0, now=1.0)  # the series appears at the first operation
     t.forget("s")
-    t.turn_started("s", "a")
-    assert t.excuse("s") is None  # a reused id starts afresh
+    t.flushed("a", now=12.0)
+    assert t.excuse("s", "a") is None  # a reused id starts afresh
 
 
 def test_law_holds_and_excused_scrapes() -> None:
     assert law_holds(weight_updates=1.0, reason="Queueing")
+    assert law_holds(weight_updates=1.0, reason="Preempting")
+    assert not law_holds(weight_updates=1.0, reason="LivePrefixEviction")  # the router already excused the update
     assert not law_holds(weight_updates=0.0, reason="Queueing")
     assert not law_holds(weight_updates=None, reason="Queueing")
     assert not law_holds(weight_updates=2.0, reason=None)
@@ -297,7 +302,7 @@ def test_the_law_holds_through_a_weight_update_and_cuts_without_one() -> None:
 
     params = LawParams(floor=10, ceiling=40)
     previous = ReplicaControl(cap=30, changed_at=0.0)
-    burst = {"kv_usage": 0.9, "waiting": 40.0, "preemptions_per_s": 1.0, "reprefill_tokens_per_s": 50_000.0}
+    burst = {"kv_usage": 0.9, "waiting": 40.0, "preemptions_per_s": 1.0}
     cut = decide_replica(previous=previous, signals=ReplicaSignals(**burst), params=params, now=1000.0)
     assert cut.cap < 30
     assert cut.quarantined

@@ -348,6 +348,21 @@ def router_command(
     default=None,
     help="Our policy renews an idle live session's cached prefix every SECONDS (default: no renewal).",
 )
+@click.option(
+    "--weight-update-every",
+    "weight_update_every_s",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Weight-update scenario: every SECONDS pause the engines (in-flight requests finish), reset every "
+    "prefix cache, load for --weight-update-load and resume, as an RL step does (default: no updates).",
+)
+@click.option("--weight-update-load", "weight_update_load_s", type=click.FloatRange(min=0), default=20.0)
+@click.option(
+    "--weight-update-unannounced",
+    is_flag=True,
+    help="Control run: the router, its fast quarantine and the law are not told of the updates.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
@@ -362,6 +377,9 @@ def simulate(
     residency: float,
     headroom: float,
     renew_every_s: float | None,
+    weight_update_every_s: float | None,
+    weight_update_load_s: float,
+    weight_update_unannounced: bool,
     seed: int,
     workers: int,
     out_dir: Path,
@@ -373,7 +391,7 @@ def simulate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
-    from rolloutpool.sim.fleet import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
         ratios,
@@ -382,11 +400,13 @@ def simulate(
         write_plots,
     )
     from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
-    unknown = [p for p in policies if p not in POLICIES]
+    known = (*POLICIES, ADAPTIVE)
+    unknown = [p for p in policies if p not in known]
     if unknown:
-        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(known)}")
     try:
         chosen = scenario(scenario_name)
     except ValueError as err:
@@ -401,6 +421,11 @@ def simulate(
         expected_residency=residency,
         headroom=headroom,
         renew_every_s=renew_every_s,
+        weight_updates=None
+        if weight_update_every_s is None
+        else WeightUpdateConfig(
+            every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
+        ),
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
     _console.print(
@@ -425,11 +450,16 @@ def simulate(
     _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
     for load, r in ratios(runs).items():
         _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
+    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
+        _console.print(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
             "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
     if renew_every_s is not None:
         meta["renew_every_s"] = renew_every_s
+    if weight_update_every_s is not None:
+        meta["weight_update_every_s"] = weight_update_every_s
+        meta["weight_update_announced"] = not weight_update_unannounced
     text = results_json(runs, meta)
     (out_dir / "results.json").write_text(text)
     (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))

@@ -358,7 +358,6 @@ class SessionManager:
         """A request of ``session`` is being proxied (a stale binding pins nothing, as in :meth:`end`)."""
         if self.is_current(session):
             self._inflight[session.session_id] += 1
-            self.weights.turn_started(session.session_id, session.replica)
         replica = self.table.replicas.get(session.replica)
         if replica is not None:
             replica.inflight += 1
@@ -402,6 +401,7 @@ class SessionManager:
         A shortfall is re-prefill of a live session's evicted prefix: counted per replica and fed to the
         fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
+        excuse = self.weights.excuse(session.session_id, session.replica)  # a weight update: routing/weights.py
         runtime = self.runtime.get(session.replica)
         if runtime is None or session.context_tokens <= 0 or usage.cached_tokens is None:
             return 0
@@ -410,7 +410,7 @@ class SessionManager:
             prompt_tokens=usage.prompt_tokens,
             block_size=runtime.block_size,
         )
-        if (excuse := self.weights.excuse(session.session_id)) is not None:  # routing/weights.py
+        if excuse is not None:
             _log.info(
                 "Observed expected re-prefill replica=%s session=%s reason=%s",
                 session.replica,

@@ -67,7 +67,7 @@ WEIGHT_UPDATE_OPS_COUNT = "vllm:rl_weight_update_operation_duration_seconds_coun
 _OPS_COUNT = WEIGHT_UPDATE_OPS_COUNT
 
 TurnMark = tuple[str, int, str | None]
-"""What a session's last turn started with: (replica, the replica's flush epoch, cache_salt)."""
+"""What a session's last answered turn left: (replica, the replica's flush epoch when it ended, cache_salt)."""
 
 
 def call_flushes(call: str, query: Mapping[str, str]) -> bool:
@@ -83,8 +83,9 @@ def reprefill_excuse(*, previous: TurnMark | None, replica: str, epoch: int, sal
     """Why a turn's cache shortfall is expected, or None (then it is eviction) (pure).
 
     ``WeightUpdate``: the replica's cache was flushed since the session's previous turn
-    started there. ``CacheSaltChanged``: the turn carries another ``cache_salt`` than the
-    previous one. A first turn has nothing to compare with (None: it is not measured anyway).
+    ended there (between the turns, or while this turn waited in a paused engine).
+    ``CacheSaltChanged``: the turn carries another ``cache_salt`` than the previous one. A
+    first turn has nothing to compare with (None: it is not measured anyway).
     """
     if previous is None:
         return None
@@ -124,9 +125,14 @@ def law_holds(*, weight_updates: float | None, reason: str | None) -> bool:
     """Whether the operator's law should hold (no cut, no quarantine) instead of acting on ``reason`` (pure).
 
     ``weight_updates`` counts the flushing weight-sync operations the replica's engines
-    ran in the law's window; any pressure in such a window is the expected re-prefill burst.
+    ran in the law's window. The queue and the preemptions of such a window are the
+    expected burst of re-prefills after the resume. Live-prefix eviction is not held: the
+    router already leaves an update's re-prefill out of that counter, so what remains is real.
     """
-    return reason is not None and (weight_updates or 0.0) > 0
+    return reason in _BURST_REASONS and (weight_updates or 0.0) > 0
+
+
+_BURST_REASONS = frozenset({"Preempting", "Queueing"})
 
 
 def observe_scrape_excused(state: PressureState, *, now: float, preemptions_total: float) -> None:
@@ -156,7 +162,6 @@ class WeightTracker:
     """Turns whose shortfall was excused (cumulative)."""
     _turns: dict[str, TurnMark] = field(default_factory=dict)
     _salts: dict[str, str | None] = field(default_factory=dict)
-    _excuses: dict[str, str] = field(default_factory=dict)
     _engine_ops: dict[str, float] = field(default_factory=dict)
 
     def flushed(self, replica: str, *, now: float) -> None:
@@ -188,21 +193,16 @@ class WeightTracker:
         """The ``cache_salt`` of a session's next turn (any non-string counts as none)."""
         self._salts[session_id] = salt if isinstance(salt, str) and salt else None
 
-    def turn_started(self, session_id: str, replica: str) -> str | None:
-        """A session's turn starts on ``replica``: decide (and remember) whether its shortfall is excused."""
+    def excuse(self, session_id: str, replica: str) -> str | None:
+        """A session's turn on ``replica`` was answered: why it may fall short of its cached context, or None.
+
+        Call it for every answered turn, measured or not (a first turn too): it leaves the
+        mark the next turn is compared with.
+        """
         epoch = self.epochs.get(replica, 0)
         salt = self._salts.pop(session_id, None)
-        excuse = reprefill_excuse(previous=self._turns.get(session_id), replica=replica, epoch=epoch, salt=salt)
+        reason = reprefill_excuse(previous=self._turns.get(session_id), replica=replica, epoch=epoch, salt=salt)
         self._turns[session_id] = (replica, epoch, salt)
-        if excuse is None:
-            self._excuses.pop(session_id, None)
-        else:
-            self._excuses[session_id] = excuse
-        return excuse
-
-    def excuse(self, session_id: str) -> str | None:
-        """Why the session's current turn may fall short of its cached context, or None; counted once per turn."""
-        reason = self._excuses.pop(session_id, None)
         if reason is not None:
             self.excused_turns += 1
         return reason
@@ -211,7 +211,6 @@ class WeightTracker:
         """The session is no longer live (a reused id starts afresh)."""
         self._turns.pop(session_id, None)
         self._salts.pop(session_id, None)
-        self._excuses.pop(session_id, None)
 
     def forget_replica(self, replica: str) -> None:
         """The replica left."""

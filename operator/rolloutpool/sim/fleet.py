@@ -28,11 +28,12 @@ from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
 from rolloutpool.sim.renewal import SimRenewals
+from rolloutpool.sim.weights import SimWeightUpdates
 from rolloutpool.sim.workload import Trajectory, TrajectorySource
 
 __all__ = ["ADAPTIVE", "FleetConfig", "simulate_policy"]
 
-_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL = 0, 1, 2, 3, 4
+_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL, _WEIGHTS = 0, 1, 2, 3, 4, 5
 _MAX_RUN = 1_000_000
 _SEGMENT_BASE = 1 << 40  # segment ids above this are per-trajectory; below, group prompts
 
@@ -112,6 +113,10 @@ class _Fleet:
         self.evicted_reprefill = 0
         self.samples: list[Sample] = []
         self._last_counts = dict.fromkeys(self.names, (0, 0))
+        updates = config.weight_updates  # the weight-update scenario: sim/weights.py
+        self.weights = None if updates is None else SimWeightUpdates(updates, self.names)
+        if self.weights is not None and self.law is not None:
+            self.law.weight_updates = self.weights.weight_updates
 
     # -- event plumbing ---------------------------------------------------------------
 
@@ -127,6 +132,8 @@ class _Fleet:
         self._push(0.0, _SAMPLE, None)
         if self.law is not None:
             self._push(cfg.control_interval_s, _CONTROL, None)
+        if self.weights is not None:
+            self._push(self.weights.config.every_s, _WEIGHTS, "pause")
         next_progress = 0.0
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
@@ -142,12 +149,12 @@ class _Fleet:
             elif kind == _CONTROL:
                 self._control()
             else:
-                self._sample()
+                self._sample() if kind == _SAMPLE else self._weights(data)  # type: ignore[arg-type]
             if self.progress is not None and t >= next_progress:
                 self.progress(t)
                 next_progress = t + 60.0
         self.now = cfg.duration_s
-        return summarize(
+        result = summarize(
             policy=self.policy.name,
             config=cfg,
             engines=[d.engine for d in self.drivers.values()],
@@ -160,6 +167,9 @@ class _Fleet:
             law=self.law,
             renewals=None if self.renewals is None else self.renewals.totals(),
         )
+        if self.weights is None:
+            return result
+        return self.weights.annotate(result, law=self.law)
 
     # -- trajectories -------------------------------------------------------------------
 
@@ -271,6 +281,12 @@ class _Fleet:
         limit = expected_cached_tokens(previous_context=traj.prev_context, prompt_tokens=req.prompt_len)
         missed = max(0, limit - req.cached_tokens)
         self.reprefilled += missed
+        state = self.pressure[replica] if self.use_quarantine else None
+        if self.weights is not None and self.weights.excused(
+            str(traj.plan.index), replica, missed if traj.prev_replica == replica else 0, state=state, now=self.now,
+            expected=limit, cached=req.cached_tokens,
+        ):  # fmt: skip
+            return  # a weight update's flush, not eviction
         if traj.prev_replica == replica:
             self.evicted_reprefill += missed
             self.live_reprefill[replica] += missed
@@ -294,6 +310,8 @@ class _Fleet:
     # -- engines ------------------------------------------------------------------------
 
     def _enqueue(self, replica: str, request: Request) -> None:
+        if self.weights is not None and self.weights.hold(replica, request):
+            return  # paused for a weight update
         driver = self.drivers[replica]
         if driver.busy and driver.run_steps and self.now < driver.end:
             self._cut_run(driver)
@@ -318,6 +336,8 @@ class _Fleet:
         engine = driver.engine
         if not engine.has_work:
             driver.busy = False
+            if self.weights is not None and self.weights.pausing:
+                self._weights("flush")
             return
         driver.busy = True
         driver.version += 1
@@ -360,11 +380,11 @@ class _Fleet:
             for name, driver in self.drivers.items():
                 state = self.pressure[name]
                 before = state.quarantined
-                state.observe_scrape(
-                    now=self.now,
-                    preemptions_total=driver.engine.counters.preemptions,
-                    waiting=len(driver.engine.waiting),
-                )
+                preempted, waiting = driver.engine.counters.preemptions, len(driver.engine.waiting)
+                if self.weights is None:
+                    state.observe_scrape(now=self.now, preemptions_total=preempted, waiting=waiting)
+                else:  # excused in the grace after a weight update's flush
+                    self.weights.observe_scrape(state, name, now=self.now, preemptions_total=preempted, waiting=waiting)
                 self._quarantine(name)
                 lifted |= before and not state.quarantined
             if lifted:
@@ -395,6 +415,22 @@ class _Fleet:
         self._count_reprefill(traj, replica, req)
         if not traj.inflight:  # still idle: renew again later
             self.renewals.clock.idle(req.tag, now=self.now)
+
+    def _weights(self, step: str) -> None:
+        """The weight-update scenario's steps: pause, flush once every engine is idle, resume."""
+        weights = self.weights
+        assert weights is not None  # noqa: S101 -- scheduled only with the scenario
+        if step == "pause":
+            weights.pause(now=self.now)
+            self._push(self.now + weights.config.every_s, _WEIGHTS, "pause")
+            step = "flush"
+        if step == "flush":
+            resume_at = weights.try_flush({n: d.engine for n, d in self.drivers.items()}, now=self.now)
+            if resume_at is not None:
+                self._push(resume_at, _WEIGHTS, "resume")
+        elif step == "resume":
+            for replica, request in weights.resume(now=self.now):
+                self._enqueue(replica, request)
 
     def _quarantine(self, name: str) -> None:
         law = self.law.controls[name].quarantined if self.law is not None else False
