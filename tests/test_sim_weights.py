@@ -54,6 +54,8 @@ def test_bad_scenario_settings_are_errors() -> None:
 def test_law_cuts_after_flushes() -> None:
     points = [(0.0, "a", 10, None), (100.0, "a", 9, "Queueing"), (400.0, "a", 8, "Queueing"), (410.0, "a", 8, None)]
     assert law_cuts_after_flushes(points, [90.0], window_s=120.0) == 1
+    eviction = [(0.0, "a", 10, None), (100.0, "a", 9, "LivePrefixEviction")]
+    assert law_cuts_after_flushes(eviction, [90.0], window_s=120.0) == 0
     assert law_cuts_after_flushes(points, [], window_s=120.0) == 0
     held = [(0.0, "a", 10, None), (100.0, "a", 10, "WeightUpdate")]
     assert law_cuts_after_flushes(held, [90.0], window_s=120.0) == 0

@@ -218,17 +218,18 @@ def weight_update_lines(runs: list[tuple[float, RunResult]]) -> list[str]:
 def law_cuts_after_flushes(
     points: list[tuple[float, str, int, str | None]], flush_times: list[float], *, window_s: float
 ) -> int:
-    """Cap cuts the law made within ``window_s`` after a flush, each on pressure (pure).
+    """Cap cuts the law made within ``window_s`` after a flush on the burst a resume causes (pure).
 
     ``points`` are (time, replica, cap, reason) in time order. A hold (reason ``WeightUpdate``)
-    is no cut; a cut on pressure inside the window is one the update caused.
+    is no cut. A cut on queueing or preemptions inside the window is one the update caused;
+    a cut on live-prefix eviction is not: the update's own re-prefill is left out of that signal.
     """
     last: dict[str, int] = {}
     cuts = 0
     for t, replica, cap, reason in points:
         before = last.get(replica)
         last[replica] = cap
-        if before is None or cap >= before or reason == "WeightUpdate":
+        if before is None or cap >= before or reason not in {"Queueing", "Preempting"}:
             continue
         if any(0 <= t - f <= window_s for f in flush_times):
             cuts += 1
