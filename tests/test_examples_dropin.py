@@ -63,3 +63,18 @@ async def test_example_client_runs_unchanged_against_our_router(client: str) -> 
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, err
     assert code == 0
+
+
+async def test_a_fan_out_weight_update_mid_run_on_real_processes_raises_no_false_alarm() -> None:
+    script = EXAMPLES / "weight_sync_midrun.py"
+    code, out, err = await _run(sys.executable, str(script), "--engines", "2", "--sessions", "8", "--duration", "8")
+    assert code == 0, err
+    report = json.loads(out)
+    assert all(call["status"] == 200 and call["ok"] == 2 for call in report["fan_out"].values())
+    assert report["errors"] == 0
+    assert report["turns_with_cache_hits_before"] > 0
+    assert report["sessions_with_a_turn_after_update"] > 0
+    # the update flushed every cache: each session's next turn re-prefilled everything ...
+    assert report["first_turn_after_update_cached_zero"] == report["sessions_with_a_turn_after_update"]
+    # ... and none of it counted as eviction or quarantined a replica
+    assert report["router_at_end"] == {"reprefilled_tokens": 0.0, "quarantines": 0.0}
