@@ -3,11 +3,7 @@
 - ``POST /inference/v1/generate``: token ids in, token ids out, streamed or not
   (:mod:`rolloutpool.engine.server_rl_protocol`). ``cache_salt`` seeds the block
   chain, so requests salted differently share no cached block, as in vLLM.
-- ``POST /tokenize`` (``prompt`` or ``messages``) and ``POST /detokenize`` (``tokens``).
-  Generated ids and special tokens detokenize exactly (re-tokenizing gives them
-  back); a prompt word's id is a one-way hash, so it renders as ``<tokN>``.
-- ``POST /v1/chat/completions/render`` (``messages``) and ``/v1/completions/render``
-  (``prompt``): the prompt's ``token_ids`` (and ``features``: null, text only).
+- ``POST /tokenize``, ``/detokenize`` and the render endpoints (:mod:`rolloutpool.engine.server_tokens`).
 - ``POST /pause?mode=abort|wait|keep&clear_cache=``: new generation requests (every
   generation path) wait until ``/resume``. ``abort`` (default) ends the requests in
   flight with ``finish_reason: abort``; ``wait`` answers once they have finished;
@@ -40,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import Gauge, Histogram
 
-from rolloutpool.engine.server_protocol import OpenAIError, parse_chat, parse_json_object, usage
+from rolloutpool.engine.server_protocol import OpenAIError, parse_json_object, usage
 from rolloutpool.engine.server_rl_protocol import (
     Span,
     generate_chunk,
@@ -50,15 +46,8 @@ from rolloutpool.engine.server_rl_protocol import (
     salt_hash,
 )
 from rolloutpool.engine.server_runtime import EngineRunner, Job
-from rolloutpool.engine.tokenizer import (
-    GENERATION_VOCAB,
-    IM_END,
-    IM_START,
-    detokenize,
-    generate_ids,
-    piece_id,
-    tokenize,
-)
+from rolloutpool.engine.server_tokens import TokenAPI
+from rolloutpool.engine.tokenizer import detokenize, generate_ids
 
 if TYPE_CHECKING:
     from rolloutpool.engine.server import ServerConfig
@@ -243,47 +232,6 @@ class RLControl:
         except OpenAIError as exc:
             return _json(exc.body(), status=exc.status)
 
-    # -- tokens ----------------------------------------------------------------------------
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        """``POST /tokenize`` with ``prompt`` or ``messages``."""
-        try:
-            body = parse_json_object(await request.read())
-            if "messages" in body:
-                ids, _ = parse_chat(body)
-            elif isinstance(body.get("prompt"), str):
-                ids = tokenize(body["prompt"])
-            else:
-                raise OpenAIError(400, "Give prompt (a string) or messages.", param="prompt")
-        except OpenAIError as exc:
-            return _json(exc.body(), status=exc.status)
-        return _json({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None})
-
-    async def render(self, request: web.Request) -> web.Response:
-        """``POST /v1/chat/completions/render`` (``messages``) and ``/v1/completions/render`` (``prompt``)."""
-        try:
-            body = parse_json_object(await request.read())
-            if request.path.startswith("/v1/chat/"):
-                ids, _ = parse_chat(body)
-            elif isinstance(body.get("prompt"), str):
-                ids = tokenize(body["prompt"])
-            else:
-                raise OpenAIError(400, "prompt must be a string.", param="prompt")
-        except OpenAIError as exc:
-            return _json(exc.body(), status=exc.status)
-        return _json({"token_ids": ids, "features": None})
-
-    async def detokenize(self, request: web.Request) -> web.Response:
-        """``POST /detokenize`` with ``tokens``."""
-        try:
-            body = parse_json_object(await request.read())
-            tokens = body.get("tokens")
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-                raise OpenAIError(400, "tokens must be a list of token ids.", param="tokens")
-        except OpenAIError as exc:
-            return _json(exc.body(), status=exc.status)
-        return _json({"prompt": "".join(_piece_text(t) for t in tokens)})
-
     # -- generate -------------------------------------------------------------------------
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -389,17 +337,6 @@ class RLControl:
         return response
 
 
-_SPECIAL_TEXT = {piece_id(t): t for t in (IM_START, IM_END, "<|endoftext|>")}
-
-
-def _piece_text(token: int) -> str:
-    """A generated id's text, a special token's, else a placeholder (prompt ids are one-way hashes of words)."""
-    text = GENERATION_VOCAB.get(token)
-    if text is not None:
-        return text
-    return _SPECIAL_TEXT.get(token, f"<tok{token}>")
-
-
 RL_CONTROL = web.AppKey("rolloutpool_engine_rl", RLControl)
 """Where the application keeps its :class:`RLControl` (tests read the pause state through it)."""
 
@@ -419,10 +356,11 @@ def install_rl_api(app: web.Application, runner: EngineRunner, config: ServerCon
     app.middlewares.append(control.gate)
     add = app.router
     add.add_post("/inference/v1/generate", control.generate)
-    add.add_post("/tokenize", control.tokenize)
-    add.add_post("/detokenize", control.detokenize)
-    add.add_post("/v1/chat/completions/render", control.render)
-    add.add_post("/v1/completions/render", control.render)
+    tokens = TokenAPI(max_model_len=config.max_model_len)
+    add.add_post("/tokenize", tokens.tokenize)
+    add.add_post("/detokenize", tokens.detokenize)
+    add.add_post("/v1/chat/completions/render", tokens.render)
+    add.add_post("/v1/completions/render", tokens.render)
     add.add_post("/pause", control.pause)
     add.add_post("/resume", control.resume)
     add.add_get("/is_paused", control.is_paused)
