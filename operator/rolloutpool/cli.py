@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 import yaml
@@ -221,7 +221,14 @@ def engine_sim(
     run_server(config)
 
 
-@main.command("router")
+@main.command(
+    "router",
+    # vllm-router's flags (--worker-urls URL..., --policy, ...) arrive as extra arguments: router/compat.py
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="vllm-router's flags are accepted too (--worker-urls URL..., --policy, --request-id-headers, ...): "
+    "see docs/migrating-from-vllm-router.md.",
+)
+@click.pass_context
 @click.option("--replica", "replicas", multiple=True, help="name=url of an engine (repeatable).")
 @click.option("--discover-namespace", default=None, help="Discover replicas from the pods of this namespace.")
 @click.option(
@@ -255,6 +262,7 @@ def engine_sim(
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def router_command(
+    ctx: click.Context,
     replicas: tuple[str, ...],
     discover_namespace: str | None,
     discover_selector: str | None,
@@ -279,31 +287,45 @@ def router_command(
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
 
-    from rolloutpool.router import RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if bool(replicas) == bool(discover_namespace):
-        raise click.UsageError("give --replica (static) or --discover-namespace/--discover-selector, not both")
     try:
-        config = RouterConfig(
-            replicas=tuple(parse_replica(r) for r in replicas),
-            discovery=discover_namespace is not None,
-            host=host,
-            port=port,
-            cap=cap,
-            max_model_len=max_model_len,
-            expected_residency=residency,
-            headroom=headroom,
-            cap_ceiling=cap_ceiling,
-            idle_timeout_s=idle_timeout,
-            queue_max=queue_max,
-            queue_timeout_s=queue_timeout,
-            scrape_interval_s=scrape_interval,
-            upstream_timeout_s=upstream_timeout,
-            renew_every_s=renew_every,
-            state_path=state_path,
-            admin_token=admin_token_file.read_text().strip() if admin_token_file else None,
+        compat = translate(list(ctx.args))
+    except CompatError as err:
+        raise click.UsageError(str(err)) from err
+    level = getattr(logging, (compat.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for flag, reason in compat.accepted:
+        logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if bool(replicas or compat.worker_urls) == bool(discover_namespace):
+        raise click.UsageError(
+            "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
         )
+    try:
+        specs = tuple(parse_replica(r) for r in replicas)
+        specs += tuple(ReplicaSpec(name=replica_name(url), url=url) for url in compat.worker_urls)
+        settings: dict[str, Any] = {
+            "replicas": specs,
+            "discovery": discover_namespace is not None,
+            "host": host,
+            "port": port,
+            "cap": cap,
+            "max_model_len": max_model_len,
+            "expected_residency": residency,
+            "headroom": headroom,
+            "cap_ceiling": cap_ceiling,
+            "idle_timeout_s": idle_timeout,
+            "queue_max": queue_max,
+            "queue_timeout_s": queue_timeout,
+            "scrape_interval_s": scrape_interval,
+            "upstream_timeout_s": upstream_timeout,
+            "renew_every_s": renew_every,
+            "state_path": state_path,
+            "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
+        }
+        settings.update(compat.overrides)  # a vllm-router flag wins over our default
+        config = RouterConfig(**settings)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if discover_namespace is None:
@@ -342,6 +364,21 @@ def router_command(
     default=None,
     help="Our policy renews an idle live session's cached prefix every SECONDS (default: no renewal).",
 )
+@click.option(
+    "--weight-update-every",
+    "weight_update_every_s",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Weight-update scenario: every SECONDS pause the engines (in-flight requests finish), reset every "
+    "prefix cache, load for --weight-update-load and resume, as an RL step does (default: no updates).",
+)
+@click.option("--weight-update-load", "weight_update_load_s", type=click.FloatRange(min=0), default=20.0)
+@click.option(
+    "--weight-update-unannounced",
+    is_flag=True,
+    help="Control run: the router, its fast quarantine and the law are not told of the updates.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
@@ -356,6 +393,9 @@ def simulate(
     residency: float,
     headroom: float,
     renew_every_s: float | None,
+    weight_update_every_s: float | None,
+    weight_update_load_s: float,
+    weight_update_unannounced: bool,
     seed: int,
     workers: int,
     out_dir: Path,
@@ -367,7 +407,7 @@ def simulate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
-    from rolloutpool.sim.fleet import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
         ratios,
@@ -376,11 +416,13 @@ def simulate(
         write_plots,
     )
     from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
-    unknown = [p for p in policies if p not in POLICIES]
+    known = (*POLICIES, ADAPTIVE)
+    unknown = [p for p in policies if p not in known]
     if unknown:
-        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(known)}")
     try:
         chosen = scenario(scenario_name)
     except ValueError as err:
@@ -395,6 +437,11 @@ def simulate(
         expected_residency=residency,
         headroom=headroom,
         renew_every_s=renew_every_s,
+        weight_updates=None
+        if weight_update_every_s is None
+        else WeightUpdateConfig(
+            every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
+        ),
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
     _console.print(
@@ -419,11 +466,16 @@ def simulate(
     _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
     for load, r in ratios(runs).items():
         _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
+    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
+        _console.print(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
             "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
     if renew_every_s is not None:
         meta["renew_every_s"] = renew_every_s
+    if weight_update_every_s is not None:
+        meta["weight_update_every_s"] = weight_update_every_s
+        meta["weight_update_announced"] = not weight_update_unannounced
     text = results_json(runs, meta)
     (out_dir / "results.json").write_text(text)
     (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))

@@ -76,6 +76,11 @@ class ReplicaStatus(StatusModel):
     ready: bool = False
     """Whether the pod is ready to serve."""
 
+    endpoint: str | None = None
+    """The engine's base URL, ``http://<podIP>:<port>``, for trainers that call the engines directly (weight
+    sync: ``/pause``, ``/update_weights``, ...); unset while the pod has no IP. The router fans the same calls out
+    from one URL (``/admin/rl/{call}``)."""
+
     live_sessions: int = Field(default=0, ge=0)
     """Sessions started on this replica and not yet released."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
+from rolloutpool.routing.weights import law_holds
 
 __all__ = [
     "HealthReason",
@@ -53,6 +54,8 @@ class ReplicaSignals:
     """New sessions waiting in the router's admission queue (fleet-wide, ``rolloutpool_router_queue_depth``)."""
     sampled_at: float | None = None
     """Unix time of the newest sample these values come from."""
+    weight_updates: float | None = None
+    """Flushing weight-sync operations the engines ran over the window (``vllm:rl_weight_update_*``)."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ def decide_replica(
     if signals is None:  # blind: the floor
         return _without_signals(previous, held=current, most=params.floor, now=now)
     reason = pressure_reason(signals, params)
+    if law_holds(weight_updates=signals.weight_updates, reason=reason):  # the re-prefill burst of a weight update
+        return replace(previous, cap=current, quarantined=False, reason="WeightUpdate")
     if reason is not None:
         return _cut(previous=previous, current=current, signals=signals, reason=reason, params=params, now=now)
     return _raise(previous=previous, current=current, signals=signals, params=params, now=now)

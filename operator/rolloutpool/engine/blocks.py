@@ -293,6 +293,23 @@ class BlockPool:
             self._cached_free += total
             self._order.append(run)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's ``reset_prefix_cache``, e.g. after a weight update).
+
+        As in vLLM it succeeds only while no request holds a block; otherwise it changes
+        nothing and returns False. A reset is not eviction: :attr:`evictions` is unchanged.
+        """
+        if self.num_used:
+            return False
+        for seg in self._segments():  # orphan them for good: a stale request hint must never match
+            seg.hashes = []
+            seg.run = seg.parent = None
+        self._order = deque([_Run(None, self.capacity)])
+        self._root = _Seg(0, [], 0, None)
+        self._uncached = self.capacity
+        self._cached_free = 0
+        return True
+
     # -- segments -----------------------------------------------------------------------
 
     def _segments(self) -> list[_Seg]:

@@ -31,6 +31,8 @@ from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.engine.metrics import CacheConfigInfo
 from rolloutpool.engine.server_calls import Call, StreamState, final_body, parse_call
 from rolloutpool.engine.server_protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server_rl import install_rl_api
+from rolloutpool.engine.server_rl_protocol import salt_hash
 from rolloutpool.engine.server_runtime import EngineRunner
 from rolloutpool.engine.tokenizer import generate_ids
 
@@ -207,12 +209,13 @@ class _Service:
         except OpenAIError as exc:
             return _error(exc)
         call = Call(rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", chat=chat, params=params)
+        salt = salt_hash(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
         for ids in prompts:  # choice i + n * prompt index, as vLLM numbers them
             max_tokens = min(params.max_tokens, cfg.max_model_len - len(ids))
             base_seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
             for j in range(params.n):
                 seed = hash((base_seed, j)) if j else base_seed
-                job = self.runner.submit(ids, generate_ids(ids, max_tokens, seed=seed))
+                job = self.runner.submit(ids, generate_ids(ids, max_tokens, seed=seed), hash_parent=salt)
                 job.changed = call.changed  # one wake-up for every choice of this call
                 call.jobs.append(job)
                 call.prompts.append(ids)
@@ -291,6 +294,7 @@ def build_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/metrics", service.metrics)
     app.router.add_post("/v1/completions", service.completions)
     app.router.add_post("/v1/chat/completions", service.chat_completions)
+    install_rl_api(app, service.runner, config)  # vLLM's RL API: engine/server_rl.py
 
     async def start(_: web.Application) -> None:
         service.runner.start()

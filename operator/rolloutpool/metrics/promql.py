@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from rolloutpool.autoscale import ReplicaSignals
+from rolloutpool.routing.weights import FLUSHING_OPERATIONS, WEIGHT_UPDATE_OPS_COUNT
 
 __all__ = [
     "ENGINE_KV_USAGE",
@@ -61,6 +62,7 @@ QUERY_NAMES: Final = (
     "reprefill_tokens_per_s",
     "live_sessions",
     "router_sampled_at",
+    "weight_updates",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -118,6 +120,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     engine = f"namespace={ns}, pod=~{pods}"
     router = f"namespace={ns}, replica=~{pods}"
     w = promql_duration(window_seconds)
+    flushing = promql_string(regex_alternation(sorted(FLUSHING_OPERATIONS)))
     return {
         "kv_usage": (
             f"max by (pod) ({ENGINE_KV_USAGE}{{{engine}}}) or max by (pod) ({ENGINE_KV_USAGE_OLD}{{{engine}}})"
@@ -136,6 +139,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "reprefill_tokens_per_s": _router_sum(f"rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}])"),
         "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
+        "weight_updates": _engine_sum(f"increase({WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"),
     }
 
 
@@ -194,7 +198,14 @@ def assemble_signals(
     """
     by_pod = {
         name: sample_values(results.get(name, ()), label="pod")
-        for name in ("kv_usage", "preemptions_per_s", "waiting", "prefix_hit_ratio", "engine_sampled_at")
+        for name in (
+            "kv_usage",
+            "preemptions_per_s",
+            "waiting",
+            "prefix_hit_ratio",
+            "engine_sampled_at",
+            "weight_updates",
+        )
     }
     by_replica = {
         name: sample_values(results.get(name, ()), label="replica")
@@ -222,5 +233,6 @@ def assemble_signals(
             kv_capacity_tokens=capacity.get(replica),
             live_sessions=None if live is None else round(live),
             sampled_at=max(times) if times else None,
+            weight_updates=_finite(by_pod["weight_updates"].get(replica)),
         )
     return signals

@@ -27,6 +27,7 @@ from rolloutpool.reconcile.caps import estimated_kv_capacity_tokens
 from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_detail, set_condition
 from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating
 from rolloutpool.reconcile.labels import engine_index, engine_selector
+from rolloutpool.routing.discovery import replica_event
 
 __all__ = [
     "FAILING_REASONS",
@@ -147,6 +148,7 @@ def _replica_entry(
         name=name,
         index=index,
         ready=is_ready(pod),
+        endpoint=replica_event("MODIFIED", dict(pod)).url,  # the engine's URL, as the router discovers it
         live_sessions=max(0, live),
         kv_capacity_tokens=capacity,
         kv_usage=None if usage is None or not math.isfinite(usage) else min(1.0, max(0.0, usage)),

@@ -67,7 +67,7 @@ class RouterService:
         self.renewer = None if config.renew_every_s is None else Renewer(self.manager, every_s=config.renew_every_s)
         self.proxy.renewer = self.renewer
         self.sessions = SessionAPI(self.manager)
-        self.admin = AdminAPI(self.manager, config.admin_token)
+        self.admin = AdminAPI(self.manager, config.admin_token, client=lambda: self.proxy.client)
         self.writer: SnapshotWriter | None = None
         self._client_factory = client_factory
         self._discovery = discovery
@@ -247,6 +247,9 @@ def build_app(
     add.add_get("/healthz", service.healthz)
     add.add_get("/readyz", service.readyz)
     add.add_get("/metrics", service.prometheus)
+    # vllm-router drop-in: the health RL frameworks poll; one URL for the fleet's weight-sync calls
+    add.add_get("/health", service.sessions.health)
+    add.add_route("*", "/admin/rl/{call}", service.admin.fan_out)
     app.on_startup.append(service.start)
     app.on_shutdown.append(service.shutdown)
     app.on_cleanup.append(service.cleanup)

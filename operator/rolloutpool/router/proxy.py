@@ -242,6 +242,7 @@ class Proxy:
             session, _ = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
         except AdmissionError as exc:
             return admission_response(exc, cfg)
+        self.manager.weights.note_salt(sid, body.get("cache_salt"))  # a new salt re-prefills: routing/weights.py
         self.manager.begin(session)
         renewer = None if ephemeral else self.renewer
         if renewer is not None:

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.router.engine_reports import observe_prefix_caching
 from rolloutpool.router.sessions import SessionManager
+from rolloutpool.routing.weights import flush_operations_total
 
 __all__ = ["ReplicaSignals", "Scraper", "parse_signals", "scrape_timeout"]
 
@@ -188,7 +189,8 @@ class Scraper:
             async with self.client.get(f"{runtime.spec.url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}")
-                signals = parse_signals(await resp.text())
+                text = await resp.text()
+                signals = parse_signals(text)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             if self.manager.runtime.get(name) is not runtime:
                 return  # removed (or replaced) while we scraped
@@ -215,6 +217,7 @@ class Scraper:
         runtime.prefix_caching = signals.prefix_caching
         runtime.signals["reports_cached_tokens"] = 0.0 if runtime.cached_watch.never_reports else 1.0
         self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
+        self.manager.weights.observe_engine_ops(name, flush_operations_total(text), now=self.manager.clock())
         self.manager.observe_scrape(name, preemptions_total=signals.preemptions_total, waiting=signals.waiting)
         self.manager.set_ready(name, True)
 

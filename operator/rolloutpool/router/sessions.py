@@ -45,6 +45,7 @@ from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState
 from rolloutpool.routing.reprefill import CachedTokensWatch
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
+from rolloutpool.routing.weights import WeightTracker
 
 __all__ = [
     "AdmissionError",
@@ -136,6 +137,11 @@ class SessionManager:
         policy = self.ledger.policy
         assert isinstance(policy, SessionAware)  # noqa: S101 -- set in __init__
         return policy
+
+    @property
+    def weights(self) -> WeightTracker:
+        """Weight updates: flushes per replica, salts per session (re-prefill they cause is not eviction)."""
+        return self.ledger.weights
 
     @property
     def _inflight(self) -> dict[str, int]:
@@ -330,6 +336,19 @@ class SessionManager:
             self.metrics.rejections.labels("released_while_queued").inc()
         self._dispatch()
         return session
+
+    def release_when_idle(self, session_id: str, *, how: str) -> tuple[Session | None, bool]:
+        """Release a session now, or when its requests in flight end; returns (session, deferred). Never waits.
+
+        A deferred session keeps its replica until its turn is answered and measured; the
+        next request after that finds no session and is placed as a new one.
+        """
+        pending = self.table.sessions.get(session_id)
+        if pending is not None and pending.release_how is not None:
+            return pending, True  # asked again: still the one release that waits for the turn
+        busy = self.busy(session_id)
+        session = self.release(session_id, how=how)
+        return session, busy and session is not None
 
     def expire(self) -> list[Session]:
         """Release sessions idle past ``idle_timeout_s``; sessions with a request in flight are never idle."""

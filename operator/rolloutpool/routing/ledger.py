@@ -51,6 +51,7 @@ from rolloutpool.routing.policies import Placement, Policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.reprefill import reprefill_tokens
 from rolloutpool.routing.table import Session, SessionTable
+from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
@@ -70,6 +71,8 @@ class Ledger:
         self.closed = False
         self.events: list[Event] = []
         """What operations changed besides their answer, oldest first (see :meth:`take_events`)."""
+        self.weights = WeightTracker()
+        """Weight updates: a flush's or a new salt's re-prefill is measured, never taken for eviction."""
         self._tickets = 0
         self._holding = False
         """Admissions wait (one operator status applies as a whole)."""
@@ -106,6 +109,9 @@ class Ledger:
         lost = [self.table.sessions[sid] for sid in sorted(state.sessions)]
         self.table.remove_replica(name)
         del self.limits[name]
+        self.weights.forget_replica(name)
+        for session in lost:
+            self.weights.forget(session.session_id)
         self.events.extend(Released(s, "replica_lost") for s in lost)
         return lost
 
@@ -248,6 +254,7 @@ class Ledger:
 
     def _drop(self, session: Session, how: str, *, now: float, admit: bool = True) -> None:
         self.table.release(session.session_id)
+        self.weights.forget(session.session_id)
         self.events.append(Released(session, how))
         limits = self.limits.get(session.replica)
         if limits is not None and limits.pressure is not None and how not in _NOT_FINISHED:
@@ -313,6 +320,7 @@ class Ledger:
         A shortfall is re-prefill of a live session's evicted prefix, fed to the fast quarantine.
         Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
+        excuse = self.weights.excuse(session.session_id, session.replica)  # every answered turn leaves its mark
         limits = self.limits.get(session.replica)
         if limits is None or session.context_tokens <= 0 or usage.cached_tokens is None:
             return 0, 0
@@ -321,6 +329,8 @@ class Ledger:
             prompt_tokens=usage.prompt_tokens,
             block_size=limits.block_size,
         )
+        if excuse is not None:  # a weight update's re-prefill (routing/weights.py): measured, not eviction
+            return expected, 0
         counted = reprefill_tokens(  # one block of tolerance; none with caching off (routing/reprefill.py)
             expected_cached=expected,
             cached=usage.cached_tokens,
@@ -399,7 +409,10 @@ class Ledger:
         if pressure is None:
             return
         before = pressure.quarantines
-        pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting)
+        if self.weights.in_grace(name, now=now):  # the burst of re-prefills after a weight update
+            observe_scrape_excused(pressure, now=now, preemptions_total=preemptions_total)
+        else:
+            pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting)
         self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
 
     def _apply_cap(self, name: str, *, now: float) -> None:
