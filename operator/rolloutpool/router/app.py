@@ -270,6 +270,8 @@ def build_app(
     add.add_get("/metrics", service.prometheus)
     # -- every other path and method: forwarded to the session's replica (registered last, matched last)
     service.proxy.owned = OWNED_PREFIXES
+    for path in sorted(JSON_PATHS):  # plain routes resolve by one dict lookup, before the pattern below
+        add.add_route("*", path, service.proxy.forward)
     add.add_route("*", _FORWARDED, service.proxy.forward)
     app.on_startup.append(service.start)
     app.on_shutdown.append(service.shutdown)

@@ -21,6 +21,7 @@ import orjson
 from rolloutpool.router.renewal_body import TextCollector
 from rolloutpool.router.sessions import Usage
 from rolloutpool.routing.bodyscan import ScanError, scan_object
+from rolloutpool.routing.requestbody import SMALL_BODY_BYTES
 
 __all__ = ["EventRelay", "parse_usage", "response_usage"]
 
@@ -43,21 +44,24 @@ def parse_usage(obj: Any) -> Usage | None:
     return Usage(prompt, completion, cached if type(cached) is int else None)
 
 
-def response_usage(data: bytes) -> Usage | None:
-    """The top-level ``usage`` of a JSON response, decoding only that object; None without one."""
-    try:
-        span = scan_object(data, _USAGE_KEY).get(b"usage")
-        if span is None:
-            return None
-        return parse_usage({"usage": orjson.loads(data[span[0] : span[1]])})
-    except ScanError:
-        pass  # not walkable, or too many strings to walk: decode it all
-    except orjson.JSONDecodeError:
-        return None
+def _decoded_usage(data: bytes) -> Usage | None:
     try:
         return parse_usage(orjson.loads(data))
     except orjson.JSONDecodeError:
         return None
+
+
+def response_usage(data: bytes) -> Usage | None:
+    """The top-level ``usage`` of a JSON response, decoding only that object; None without one."""
+    if len(data) <= SMALL_BODY_BYTES:
+        return _decoded_usage(data)
+    try:
+        span = scan_object(data, _USAGE_KEY).get(b"usage")
+    except ScanError:  # not walkable, or too many strings to walk: decode it all
+        return _decoded_usage(data)
+    if span is None:
+        return None
+    return _decoded_usage(b'{"usage":' + data[span[0] : span[1]] + b"}")
 
 
 class EventRelay:

@@ -13,6 +13,7 @@ drops that extra usage chunk from the stream (:mod:`rolloutpool.router.relay`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +23,13 @@ import orjson
 from rolloutpool.routing.bodyscan import ScanError, scan_object, splice
 from rolloutpool.routing.sessionkey import body_session_key
 
-__all__ = ["BodyError", "RequestBody", "read_body"]
+__all__ = ["SMALL_BODY_BYTES", "BodyError", "RequestBody", "read_body"]
 
 _STREAM, _OPTIONS, _MODEL = b"stream", b"stream_options", b"model"
 _INCLUDE_USAGE = orjson.dumps({"include_usage": True})
+
+SMALL_BODY_BYTES = 4096
+"""Bodies up to this size are decoded whole (orjson takes about a microsecond); larger ones are scanned."""
 
 
 class BodyError(ValueError):
@@ -48,6 +52,16 @@ class RequestBody:
     """``include_usage`` was spliced in: the extra usage chunk must be dropped from the stream."""
     body: bytes
     """The bytes to forward: the received bytes, or those with ``include_usage`` spliced in."""
+
+
+@functools.cache
+def _wanted(fields: tuple[tuple[str, ...], ...], *, need_model: bool, measure_stream: bool) -> frozenset[bytes]:
+    wanted = {path[0].encode() for path in fields}
+    if need_model:
+        wanted.add(_MODEL)
+    if measure_stream:
+        wanted.update((_STREAM, _OPTIONS))
+    return frozenset(wanted)
 
 
 def _decode(raw: bytes, span: tuple[int, int] | None) -> Any:
@@ -73,17 +87,15 @@ def read_body(
     need_key = header_key is None
     if not (need_key or need_model or measure_stream) or (not json_path and not raw):
         return RequestBody(header_key, stream=False, injected=False, body=raw)
-    wanted = {bytes(path[0], "utf-8") for path in fields} if need_key else set()
-    if need_model:
-        wanted.add(_MODEL)
-    if measure_stream:
-        wanted.update((_STREAM, _OPTIONS))
-    try:
-        spans: dict[bytes, tuple[int, int]] | None = scan_object(raw, wanted)
-        decoded = {k: _decode(raw, s) for k, s in spans.items() if k != _OPTIONS} if spans is not None else {}
-    except (ScanError, orjson.JSONDecodeError):
-        spans = None
-        decoded = {}
+    wanted = _wanted(tuple(fields) if need_key else (), need_model=need_model, measure_stream=measure_stream)
+    spans: dict[bytes, tuple[int, int]] | None = None
+    decoded: dict[bytes, Any] = {}
+    if len(raw) > SMALL_BODY_BYTES:
+        try:
+            spans = scan_object(raw, wanted)
+            decoded = {k: _decode(raw, s) for k, s in spans.items() if k != _OPTIONS}
+        except (ScanError, orjson.JSONDecodeError):
+            spans = None
     whole: Any = None
     if spans is None:  # not walkable (or too many strings to walk): decode it all, once
         whole = _whole(raw, json_path=json_path)
@@ -131,6 +143,13 @@ def _with_usage(
     if isinstance(options, dict) and options.get("include_usage") is True:
         return RequestBody(key, stream=True, injected=False, body=raw)
     usage_options = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+    if whole is not None and len(raw) <= SMALL_BODY_BYTES:
+        try:  # a small body decoded whole: splice into it all the same, so that only the option changes
+            spans = scan_object(raw, {_OPTIONS}, budget=SMALL_BODY_BYTES)
+        except ScanError:
+            spans = None
+        else:
+            whole, span = None, spans.get(_OPTIONS)
     if whole is not None:
         return RequestBody(
             key, stream=True, injected=True, body=orjson.dumps({**whole, "stream_options": usage_options})
