@@ -173,6 +173,7 @@ class RouterService:
             await self.renewer.close()
         if self.writer is not None:
             await self.writer.close()
+        self.proxy.close()
         if self._client is not None:
             await self._client.close()
         _log.info("Stopped router sessions=%d", len(self.manager.table.sessions))

@@ -47,6 +47,7 @@ from rolloutpool.router.relay import EventRelay, parse_usage, response_usage
 from rolloutpool.router.renewal_body import TextCollector, response_text
 from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager
 from rolloutpool.router.types import JSONObject
+from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from rolloutpool.routing.requestbody import BodyError, RequestBody, read_body
 from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, parse_fields
 from rolloutpool.routing.table import Session
@@ -88,12 +89,14 @@ JSON_PATHS = USAGE_STREAM_PATHS | {
 """Paths that take a JSON object: a body that is not one is the router's 400 (elsewhere it is forwarded)."""
 
 # hop-by-hop (RFC 9110 7.6.1) and what the client library sets itself
+# (and Accept-Encoding: the engine answers uncompressed, so that the router can read usage)
 _REQUEST_SKIP = frozenset(
-    ("host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "expect", "trailer")
-)
-_RESPONSE_SKIP = frozenset(
-    ("content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server")
-)
+    (
+        "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "expect",
+        "trailer", "proxy-connection", "accept-encoding",
+    )
+)  # fmt: skip
+_RESPONSE_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"))
 _TRUE = frozenset(("1", "true", "yes", "on"))
 
 
@@ -147,6 +150,7 @@ class Proxy:
     def __init__(self, manager: SessionManager) -> None:
         self.manager = manager
         self._client: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self.renewer: Renewer | None = None
         """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
         self.config = manager.config
@@ -159,8 +163,16 @@ class Proxy:
         self._oneshot_prefix = f"oneshot-{uuid.uuid4().hex[:12]}-"
 
     def attach(self, client: aiohttp.ClientSession) -> None:
-        """Use ``client`` for upstream requests (set at startup, inside the event loop)."""
+        """Use ``client`` for ``/v1/models`` and a new keep-alive pool for the data path (at startup, in the loop)."""
         self._client = client
+        self._pool = UpstreamPool(
+            connect_timeout_s=self.config.upstream_connect_timeout_s, read_timeout_s=self.config.upstream_timeout_s
+        )
+
+    def close(self) -> None:
+        """Close the data path's idle connections (at cleanup)."""
+        if self._pool is not None:
+            self._pool.close()
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -240,39 +252,41 @@ class Proxy:
             if renewer is not None:
                 renewer.turn_ended(session)
 
-    def _upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
-        out: CIMultiDict[str] = CIMultiDict()
-        for name, value in request.headers.items():
-            if name.lower() not in _REQUEST_SKIP:
-                out.add(name, value)
-        return out
-
     async def _forward(
         self, request: web.Request, session: Session, path: str, body: RequestBody, renewer: Renewer | None
     ) -> web.StreamResponse:
         replica = session.replica
-        url = f"{self.manager.runtime[replica].spec.url}{request.raw_path}"
+        if self._pool is None:
+            raise RuntimeError("the proxy serves only between startup and cleanup")
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _REQUEST_SKIP]
         data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
         try:
-            async with self.client.request(
-                request.method, url, data=data, headers=self._upstream_headers(request), timeout=self._timeout
-            ) as upstream:
-                ctype = upstream.headers.get("Content-Type", "")
-                if upstream.status == 200 and ctype.startswith("text/event-stream"):
-                    collector = None if renewer is None else TextCollector(path)
-                    response = await self._relay(
-                        request, upstream, session, path, drop_usage_chunk=body.injected, collector=collector
-                    )
-                    if renewer is not None and collector is not None and collector.finished:
-                        sent = orjson.loads(body.body)
-                        text = collector.text()
-                        renewer.turn_answered(session, path=path, body=sent, text=text, headers=request.headers)
-                    return response
-                payload = await upstream.read()
+            upstream = await self._pool.request(
+                self.manager.runtime[replica].spec.url, request.method, request.raw_path, headers, data
+            )
         except TimeoutError:
             return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")
-        except aiohttp.ClientError as exc:
-            return self._failed(session, type(exc).__name__, 502, f"Replica {replica} failed: {type(exc).__name__}.")
+        except UpstreamError as exc:
+            return self._failed(session, exc.kind, 502, f"Replica {replica} failed: {exc.kind}.")
+        try:
+            ctype = upstream.header("Content-Type")
+            if upstream.status == 200 and ctype.startswith("text/event-stream"):
+                collector = None if renewer is None else TextCollector(path)
+                response = await self._relay(
+                    request, upstream, session, path, drop_usage_chunk=body.injected, collector=collector
+                )
+                if renewer is not None and collector is not None and collector.finished:
+                    sent = orjson.loads(body.body)
+                    renewer.turn_answered(session, path=path, body=sent, text=collector.text(), headers=request.headers)
+                return response
+            try:
+                payload = await upstream.read()
+            except TimeoutError:
+                return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")
+            except UpstreamError as exc:
+                return self._failed(session, exc.kind, 502, f"Replica {replica} failed: {exc.kind}.")
+        finally:
+            upstream.release()
         if upstream.status == 200:
             self._answered(
                 session=session, path=path, body=body, payload=payload, ctype=ctype, renewer=renewer, request=request
@@ -311,7 +325,7 @@ class Proxy:
     async def _relay(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         session: Session,
         path: str,
         *,
@@ -324,11 +338,11 @@ class Proxy:
             await response.prepare(request)
             while True:
                 try:
-                    chunk = await upstream.content.readany()
+                    chunk = await upstream.next_chunk()
                 except TimeoutError:
                     return await self._end_stream(response, session, "timeout", "did not answer within the timeout")
-                except aiohttp.ClientError as exc:
-                    return await self._end_stream(response, session, type(exc).__name__, "failed mid-stream")
+                except UpstreamError as exc:
+                    return await self._end_stream(response, session, exc.kind, "failed mid-stream")
                 if not chunk:
                     break
                 out = relay.feed(chunk)
@@ -364,10 +378,10 @@ class Proxy:
         return response
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict[str]:
+def _response_headers(upstream: UpstreamResponse, replica: str) -> CIMultiDict[str]:
     """The upstream's response headers without the hop-by-hop ones, plus the replica's name."""
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
+    for name, value in upstream.headers:
         if name.lower() not in _RESPONSE_SKIP:
             out.add(name, value)
     out[REPLICA_HEADER] = replica
