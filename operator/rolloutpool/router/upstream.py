@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import socket
 import ssl
 from collections.abc import Sequence
 from typing import cast
@@ -89,6 +91,10 @@ class UpstreamResponse(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is not an asyncio.Transport subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a request is written whole: never let Nagle hold its tail for an ACK
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
