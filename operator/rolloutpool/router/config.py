@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.routing.quarantine import QuarantineConfig
-from rolloutpool.routing.sessionkey import parse_fields
+from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
 
 __all__ = ["ReplicaSpec", "RouterConfig", "parse_replica", "resolve_cap"]
 
@@ -80,7 +80,7 @@ class RouterConfig:
     group_header: str = "X-Session-Group"
     final_header: str = "X-Session-Final"
     """``true`` on a request releases its session after the response."""
-    session_body_fields: tuple[str, ...] = ("session_params.session_id", "session_id", "user")
+    session_body_fields: tuple[str, ...] = DEFAULT_BODY_FIELDS
     """Body fields (dotted) read for the session key, in order, when no ``session_header`` carries it."""
     idle_timeout_s: float = 1800.0
     """A session idle this long is released (the safety net, never the main path)."""

@@ -162,6 +162,9 @@ class Proxy:
         self._oneshot = itertools.count()
         self._oneshot_prefix = f"oneshot-{uuid.uuid4().hex[:12]}-"
 
+    def _owns(self, path: str) -> bool:
+        return any(path == p or path.startswith(f"{p}/") for p in self.owned)
+
     def attach(self, client: aiohttp.ClientSession) -> None:
         """Use ``client`` for ``/v1/models`` and a new keep-alive pool for the data path (at startup, in the loop)."""
         self._client = client
@@ -204,7 +207,7 @@ class Proxy:
         """Any path the router does not own: read the session key, then serve it on the session's replica."""
         cfg = self.config
         path = request.path
-        if self.owned and any(path == p or path.startswith(f"{p}/") for p in self.owned):
+        if path.startswith(self.owned) and self._owns(path):
             return error_response(405, f"{request.method} is not served on {path}.")
         raw = await read_raw(request, max_bytes=cfg.max_body_bytes)
         if isinstance(raw, web.Response):
