@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutpool.bench.peers import RouterLaunch, vllm_router_argv
-from rolloutpool.bench.processes import LOOPBACK, ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
 from rolloutpool.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
 
 __all__ = ["DIRECT", "OURS", "PEER", "OverheadOnlyConfig", "run_overhead_only"]
@@ -168,6 +168,7 @@ def run_overhead_only(config: OverheadOnlyConfig, progress: Progress) -> dict[st
             else ({}, {})
         )
     summary = _summary(config, targets=targets, medians=medians, cpu=cpu, added=added, fixed=fixed)
+    summary["leftover_pids"] = [pid for pid in procs.pids if pid_alive(pid)]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
     return summary
