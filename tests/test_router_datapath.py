@@ -186,6 +186,14 @@ async def test_generate_token_in_token_out_routed_by_session_and_measured() -> N
         assert sum(rt.live().values()) == 1
         assert (await rt.post("/finish_session?session_id=traj-1"))[0] == 200
         assert sum(rt.live().values()) == 0
+        # the id reused after its finish (SkyRL reuses {instance}_{repetition}) is a new session: placed again,
+        # and its first turn is not compared with the old session's context
+        placed = await rt.metric("rolloutpool_router_placements_total")
+        status, _, _ = await raw_post(rt.http, f"{rt.url}/inference/v1/generate", turn3, **{"X-Session-ID": "traj-1"})
+        assert status == 200
+        assert await rt.metric("rolloutpool_router_placements_total") == placed + 1
+        assert await rt.metric("rolloutpool_router_reprefilled_tokens_total") == 96
+        assert sum(rt.live().values()) == 1
     await no_leaked_tasks()
 
 
