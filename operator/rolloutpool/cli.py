@@ -261,6 +261,13 @@ def engine_sim(
 )
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--session-body-field",
+    "session_body_fields",
+    multiple=True,
+    help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
+    "Default: session_params.session_id, session_id, user.",
+)
 def router_command(
     ctx: click.Context,
     replicas: tuple[str, ...],
@@ -283,12 +290,14 @@ def router_command(
     renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
+    session_body_fields: tuple[str, ...],
 ) -> None:
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
 
     from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
     from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
+    from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
 
     try:
         compat = translate(list(ctx.args))
@@ -323,6 +332,7 @@ def router_command(
             "renew_every_s": renew_every,
             "state_path": state_path,
             "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
+            "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
         }
         settings.update(compat.overrides)  # a vllm-router flag wins over our default
         config = RouterConfig(**settings)
