@@ -28,6 +28,7 @@ from rolloutpool.router.admin import AdminAPI
 from rolloutpool.router.api import SessionAPI
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
+from rolloutpool.router.fleet import Fleet
 from rolloutpool.router.metrics import RouterMetrics
 from rolloutpool.router.proxy import Proxy
 from rolloutpool.router.renewal import Renewer
@@ -222,6 +223,7 @@ def build_app(
     client_factory: ClientFactory = _default_client,
     discovery: Discovery | None = None,
     limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
 ) -> web.Application:
     """The router application; its loops run between startup and cleanup.
 
@@ -234,6 +236,8 @@ def build_app(
     service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
     app[ROUTER] = service
+    if fleet is not None:  # one of N routers: forward sessions owned elsewhere (router/fleet.py)
+        fleet.install(app, manager=service.manager, proxy=service.proxy)
     add = app.router
     add.add_post("/v1/completions", service.proxy.completions)
     add.add_post("/v1/chat/completions", service.proxy.chat_completions)
@@ -253,7 +257,13 @@ def build_app(
     return app
 
 
-def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limits: LimitsSource | None = None) -> None:
+def run_router(
+    config: RouterConfig,
+    *,
+    discovery: Discovery | None = None,
+    limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
         "Starting router host=%s port=%d replicas=%s admin=%s state=%s renew_every_s=%s",
@@ -265,7 +275,7 @@ def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limi
         config.renew_every_s,
     )
     web.run_app(
-        build_app(config, discovery=discovery, limits=limits),
+        build_app(config, discovery=discovery, limits=limits, fleet=fleet),
         host=config.host,
         port=config.port,
         shutdown_timeout=config.shutdown_timeout_s,

@@ -37,6 +37,7 @@ from rolloutpool.router.types import JSONObject
 from rolloutpool.routing.table import Session
 
 if TYPE_CHECKING:
+    from rolloutpool.router.fleet import Fleet
     from rolloutpool.router.renewal import Renewer
 
 __all__ = [
@@ -183,6 +184,8 @@ class Proxy:
         self._client: aiohttp.ClientSession | None = None
         self.renewer: Renewer | None = None
         """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
+        self.fleet: Fleet | None = None
+        """One of N routers (``router/fleet.py``): a session owned by another router is forwarded to it."""
         self.config = manager.config
         self.metrics = manager.metrics
         self._timeout = upstream_timeout(self.config)
@@ -234,6 +237,10 @@ class Proxy:
         if not isinstance(model, str) or not model:
             return error_response(400, "The request body must name a model (`model`).", param="model")
         key = session_key(request.headers, body, header=cfg.session_header)
+        if self.fleet is not None and key is not None:  # a session id from the body: its owner may be elsewhere
+            forwarded = await self.fleet.forward_if_foreign(request, key)
+            if forwarded is not None:
+                return forwarded
         ephemeral = key is None
         sid = key if key is not None else f"oneshot-{uuid.uuid4().hex}"
         group = request.headers.get(cfg.group_header) or None
