@@ -238,6 +238,11 @@ def engine_sim(
 )
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+# -- one of N routers (fleet_command.py) --
+@click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
+@click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
+@click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
+@click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
 def router_command(
     replicas: tuple[str, ...],
     discover_namespace: str | None,
@@ -259,6 +264,10 @@ def router_command(
     renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
+    self_name: str | None,
+    peer_selector: str | None,
+    self_url: str | None,
+    peer_urls: tuple[str, ...],
 ) -> None:
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
@@ -290,6 +299,21 @@ def router_command(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    if self_url or peer_urls or self_name or peer_selector:
+        from rolloutpool.fleet_command import run_fleet_member  # noqa: PLC0415
+
+        run_fleet_member(
+            config,
+            self_name=self_name,
+            peer_selector=peer_selector,
+            self_url=self_url,
+            peer_urls=peer_urls,
+            kubeconfig=kubeconfig,
+            namespace=discover_namespace,
+            selector=discover_selector,
+            pool=pool,
+        )
+        return
     if discover_namespace is None:
         if pool is not None:
             raise click.UsageError("--pool needs --discover-namespace")
