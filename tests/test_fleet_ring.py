@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from poolcases import load_example
+from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.cli import router_command
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assign_engines, assignment_patches, natural_key
+from rolloutpool.reconcile.children import router_objects
+from rolloutpool.reconcile.labels import router_selector
 from rolloutpool.routing.fleetview import fleet_view, static_view
 from rolloutpool.routing.ring import HashRing, stable_hash
 
@@ -184,3 +189,22 @@ def test_a_static_view_splits_the_engines_like_the_operator() -> None:
     view = static_view(peers=peers, split=split, engine_urls=urls, self_name="http://127.0.0.1:2")
     assert sorted(view.ring.weights.values()) == [1, 2]
     assert set(view.engines) == {e for e, r in split.items() if r == "http://127.0.0.1:2"}
+
+
+# -- the operator's side ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_router_fleet_gets_its_pod_name_and_its_peers_selector(replicas: int) -> None:
+    pool = load_example("simulated-pool.yaml")
+    pool["metadata"].update(namespace="team-a", uid="u-1")
+    pool["spec"]["router"] = {"replicas": replicas}
+    spec = RolloutPoolSpec.model_validate(pool["spec"])
+    deployment = router_objects(pool=pool, spec=spec, default_image="img:1")[-1]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    fleet = [a for a in args if a.startswith(("--self-name", "--peer-selector"))]
+    name = pool["metadata"]["name"]
+    expected = ["--self-name=$(POD_NAME)", f"--peer-selector={router_selector(name)}"] if replicas > 1 else []
+    assert fleet == expected
+    params = router_command.make_context("router", list(args)).params  # the router accepts them
+    assert params["self_name"] == ("$(POD_NAME)" if replicas > 1 else None)
