@@ -16,7 +16,7 @@ from rolloutpool.cli import router_command
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assign_engines, assignment_patches, natural_key
 from rolloutpool.reconcile.children import router_objects
 from rolloutpool.reconcile.labels import router_selector
-from rolloutpool.routing.fleetview import fleet_view, static_view
+from rolloutpool.routing.fleetview import FleetView, fleet_view, static_view
 from rolloutpool.routing.ring import HashRing, stable_hash
 
 KEYS = [f"traj-{i}" for i in range(6000)]
@@ -172,14 +172,16 @@ def test_the_view_weights_ready_routers_by_their_engines() -> None:
     ]
     routers = [_pod("ra", ip="10.2.0.1"), _pod("rb", ip="10.2.0.2"), _pod("rc", ip="10.2.0.3", ready=False)]
     view = fleet_view(engine_pods=engines, router_pods=routers, self_name="rb")
-    assert view.ring.weights == {"ra": 2, "rb": 2}  # rc is not ready: not on the ring
+    # rc is not ready: its engine is not on the ring; an engine without an IP still is (by assignment)
+    assert view.owners == {"p-engine-0": "ra", "p-engine-1": "ra", "p-engine-2": "rb", "p-engine-4": "rb"}
     assert view.peers == {"ra": "http://10.2.0.1:8080", "rb": "http://10.2.0.2:8080"}
     assert {n: (e.routable, e.url) for n, e in view.engines.items()} == {
         "p-engine-2": (True, "http://10.1.0.3:8000"),
         "p-engine-4": (False, None),
     }
     other = fleet_view(engine_pods=engines, router_pods=routers, self_name="ra")
-    assert all(other.ring.owner(k) == view.ring.owner(k) for k in KEYS[:500])  # the same ring everywhere
+    assert all(other.owner(k) == view.owner(k) for k in KEYS[:500])  # the same ring everywhere
+    assert {view.owner(k) for k in KEYS[:500]} == {"ra", "rb"}
 
 
 def test_a_static_view_splits_the_engines_like_the_operator() -> None:
@@ -187,7 +189,7 @@ def test_a_static_view_splits_the_engines_like_the_operator() -> None:
     urls = {f"e{i}": f"http://127.0.0.1:90{i}" for i in range(3)}
     split = assign_engines(engines=urls, routers=peers, previous={})
     view = static_view(peers=peers, split=split, engine_urls=urls, self_name="http://127.0.0.1:2")
-    assert sorted(view.ring.weights.values()) == [1, 2]
+    assert sorted(Counter(view.owners.values()).values()) == [1, 2]
     assert set(view.engines) == {e for e, r in split.items() if r == "http://127.0.0.1:2"}
 
 
@@ -208,3 +210,25 @@ def test_a_router_fleet_gets_its_pod_name_and_its_peers_selector(replicas: int) 
     assert fleet == expected
     params = router_command.make_context("router", list(args)).params  # the router accepts them
     assert params["self_name"] == ("$(POD_NAME)" if replicas > 1 else None)
+
+
+def _views(assignment: dict[str, str]) -> FleetView:
+    return FleetView(owners=assignment, peers={r: f"http://{r}" for r in assignment.values()})
+
+
+@settings(max_examples=30, deadline=None)
+@given(engines=st.integers(3, 12), routers=st.integers(2, 5), data=st.data())
+def test_only_a_dead_routers_sessions_change_owner(engines: int, routers: int, data: st.DataObject) -> None:
+    names = [f"p-engine-{i}" for i in range(engines)]
+    members = [f"p-router-{c}" for c in "abcde"[:routers]]
+    before = assign_engines(engines=names, routers=members, previous={})
+    victim = data.draw(st.sampled_from(members))
+    after = assign_engines(engines=names, routers=[m for m in members if m != victim], previous=before)
+    old, new = _views(before), _views(after)
+    for key in KEYS[:1500]:
+        if old.owner(key) != victim:
+            assert new.owner(key) == old.owner(key)
+    shares = Counter(new.owner(k) for k in KEYS)
+    for member in set(after.values()):  # a router's share of sessions follows its share of engines
+        expected = len(KEYS) * list(after.values()).count(member) / engines
+        assert abs(shares[member] - expected) <= 0.3 * expected, (shares, after)

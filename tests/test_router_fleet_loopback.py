@@ -69,10 +69,10 @@ async def test_a_fleet_of_three_routers_acts_as_one(fleet: tuple[FleetUrls, dict
     # that the ring (computed here as every router computes it) spreads CAP per engine over the routers.
     split = assign_engines(engines=engines, routers=routers, previous={})
     view = static_view(peers={u: u for u in routers}, split=split, engine_urls=engines, self_name=routers[0])
-    room = {u: CAP * n for u, n in view.ring.weights.items()}
+    room = {u: CAP * list(view.owners.values()).count(u) for u in view.peers}
     sessions = []
     for sid in (f"traj-{i}" for i in range(1000)):
-        owner = view.ring.owner(sid)
+        owner = view.owner(sid)
         if owner is not None and room[owner] > 0:
             room[owner] -= 1
             sessions.append(sid)

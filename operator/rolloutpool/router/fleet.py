@@ -3,7 +3,8 @@
 Each router of a fleet places sessions only on the engines assigned to it (by the operator's
 annotation ``rolloutpool.io/router``, or a static split on the command line), so an engine's
 live count and cap are kept by exactly one router and caps hold fleet-wide. A session's owner
-is given by a consistent-hash ring over the ready routers (:mod:`rolloutpool.routing.ring`):
+is given by a consistent-hash ring whose points are the engines of the ready routers
+(:mod:`rolloutpool.routing.fleetview`):
 a router that receives a request of a session it does not own forwards the raw request to the
 owner and relays its answer byte for byte — at most one extra hop, since a forwarded request
 (header ``X-RolloutPool-Forwarded``) is always served where it lands, even when the two
@@ -37,7 +38,6 @@ from prometheus_client import Counter, Gauge
 from rolloutpool.router.errors import error_response
 from rolloutpool.routing.discovery import ReplicaEvent
 from rolloutpool.routing.fleetview import FleetView
-from rolloutpool.routing.ring import HashRing
 
 if TYPE_CHECKING:
     from rolloutpool.router.proxy import Proxy
@@ -87,7 +87,7 @@ class Fleet:
             raise ValueError("self_name: a router of a fleet needs its own name")
         self.self_name = self_name
         self.session_header = session_header
-        self.view = FleetView(ring=HashRing({}), peers={})
+        self.view = FleetView(owners={}, peers={})
         self.manager: SessionManager | None = None
         self._source = source
         self._timeout = aiohttp.ClientTimeout(
@@ -134,7 +134,7 @@ class Fleet:
 
     def owner(self, session_id: str) -> str | None:
         """The router owning ``session_id``; None on an empty ring (then this router serves it)."""
-        return self.view.ring.owner(session_id)
+        return self.view.owner(session_id)
 
     def owns(self, session_id: str) -> bool:
         """Whether this router serves ``session_id`` itself."""
@@ -148,7 +148,7 @@ class Fleet:
             before = self.view
             self.view = view
             if self._members is not None:
-                self._members.set(len(view.ring))
+                self._members.set(len(view.peers))
             for name in sorted(set(before.engines) - set(view.engines)):
                 yield ReplicaEvent(name, None, False, "NotAssigned")
             for name, event in sorted(view.engines.items()):
@@ -157,11 +157,11 @@ class Fleet:
             first, synced = not synced, True
             if first:
                 yield ReplicaEvent("", None, False, "Synced")  # the snapshot is restored before we resume
-            if first or view.ring != before.ring:
+            if first or view.owners != before.owners:
                 _log.info(
                     "Changed session ring router=%s members=%s engines=%d",
                     self.self_name,
-                    ",".join(f"{m}:{w}" for m, w in view.ring.weights.items()),
+                    ",".join(f"{m}:{list(view.owners.values()).count(m)}" for m in sorted(view.peers)),
                     len(view.engines),
                 )
                 self.sweep()

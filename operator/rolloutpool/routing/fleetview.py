@@ -1,15 +1,21 @@
-"""What one router of a fleet sees: the session ring and the engines it owns (pure).
+"""What one router of a fleet sees: who owns each session, and the engines it owns (pure).
 
-Inputs are plain pod objects (the pool's engine pods and router pods, as a watch lists
-them); the output is a :class:`FleetView`: the ring over the READY router pods, each weighted
-by the engines the operator assigned to it (annotation ``rolloutpool.io/router`` on the engine
-pod), the peers' URLs, and the replica events of the engines assigned to this router. Every
-router computes the same view from the same pods, so they agree on every session's owner.
+Inputs are plain pod objects (the pool's engine pods and router pods, as a watch lists them);
+the output is a :class:`FleetView`. The session ring's points belong to ENGINES, not to routers:
+each engine assigned to a ready router (annotation ``rolloutpool.io/router``, written by the
+operator) puts its points on the ring, and a session is owned by the router of the engine whose
+point follows the session's hash. So
+
+- a router's share of sessions is its share of engines (the sessions it owns fit on its engines);
+- when the operator moves an engine to another router, exactly the keys of that engine's points
+  move with it, and nothing else: a dead router's engines go to the survivors and only the dead
+  router's sessions change owner (a ring over routers weighted by engine counts would also shuffle
+  keys between the survivors whenever their weights change);
+- every router computes the same view from the same pods, so they agree on every owner.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +33,22 @@ ANNOTATION_ROUTER = "rolloutpool.io/router"
 class FleetView:
     """The fleet as one router sees it."""
 
-    ring: HashRing
-    """Session owner by session id, over the ready routers weighted by their engines."""
+    owners: Mapping[str, str]
+    """Engine -> router for every engine on the ring (those assigned to a ready router)."""
     peers: Mapping[str, str]
     """Base URL of every router on the ring (this one included), by name."""
     engines: Mapping[str, ReplicaEvent] = field(default_factory=dict)
     """The engines assigned to this router, as discovery events (routable or not)."""
+    ring: HashRing = field(init=False, compare=False, repr=False)
+    """The session ring: one unit of weight per engine in ``owners``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ring", HashRing(dict.fromkeys(self.owners, 1)))
+
+    def owner(self, session_id: str) -> str | None:
+        """The router owning ``session_id``; None on an empty ring (pure)."""
+        engine = self.ring.owner(session_id)
+        return None if engine is None else self.owners[engine]
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -69,25 +85,24 @@ def fleet_view(
 ) -> FleetView:
     """The view of router ``self_name`` from the pool's pods (pure).
 
-    A router is on the ring when it is Ready, has an IP, is not being deleted and owns at
-    least one engine that is not being deleted (its weight). Only engines annotated with
-    ``self_name`` are this router's.
+    A router is on the ring when it is Ready, has an IP, is not being deleted and is assigned
+    at least one engine; each engine assigned to such a router is on the ring. Only engines
+    annotated with ``self_name`` are this router's.
     """
     engines = list(engine_pods)
-    weights = Counter(owner for pod in engines if (owner := _assigned(pod)) and not _terminating(pod))
     peers: dict[str, str] = {}
     for pod in router_pods:
-        name = _name(pod)
         url = pod_url(pod, default_port=router_port)
-        if url and _ready(pod) and not _terminating(pod) and weights[name] > 0:
-            peers[name] = url
-    ring = HashRing({name: weights[name] for name in peers})
+        if url and _ready(pod) and not _terminating(pod):
+            peers[_name(pod)] = url
+    owners = {_name(pod): owner for pod in engines if (owner := _assigned(pod)) in peers}
     mine = {
         _name(pod): replica_event("ADDED", dict(pod), default_port=engine_port)
         for pod in engines
         if _assigned(pod) == self_name
     }
-    return FleetView(ring=ring, peers=peers, engines=mine)
+    used = set(owners.values())
+    return FleetView(owners=owners, peers={n: u for n, u in peers.items() if n in used}, engines=mine)
 
 
 def static_view(
@@ -99,11 +114,11 @@ def static_view(
     :func:`rolloutpool.reconcile.assignment.assign_engines`, the same on every router);
     ``engine_urls``: engine -> URL.
     """
-    weights = Counter(split.values())
-    ring = HashRing({name: weights[name] for name in peers})
+    owners = {engine: router for engine, router in split.items() if router in peers}
     mine = {
         engine: ReplicaEvent(engine, engine_urls[engine], True, "Ready")
         for engine, owner in split.items()
         if owner == self_name
     }
-    return FleetView(ring=ring, peers={n: u for n, u in peers.items() if weights[n] > 0}, engines=mine)
+    used = set(owners.values())
+    return FleetView(owners=owners, peers={n: u for n, u in peers.items() if n in used}, engines=mine)

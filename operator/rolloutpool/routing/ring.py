@@ -1,12 +1,11 @@
-"""Which router of a fleet owns a session: a weighted consistent-hash ring (pure).
+"""A weighted consistent-hash ring (pure): which member owns a key.
 
-Every router of a fleet builds the same ring from the same inputs (the ready router pods
-and how many engines each was assigned), so every router names the same owner for a
-session id without talking to the others. A member with weight ``w`` puts
-``w * points_per_weight`` points on the ring, so its share of sessions follows its share
-of engines (a router holding 2 of 5 engines owns about 2/5 of the sessions, not 1/3: the
-sessions it owns must fit on its engines). Adding a member only takes keys to it, and
-removing one only moves its own keys: the minimal movement of consistent hashing.
+Every router of a fleet builds the same ring from the same inputs, so every router names the
+same owner for a session id without talking to the others (the fleet's ring has one member per
+engine, see :mod:`rolloutpool.routing.fleetview`). A member with weight ``w`` puts
+``w * points_per_weight`` points on the ring, so its share of keys follows its weight. Adding a
+member only takes keys to it, and removing one only moves its own keys: the minimal movement of
+consistent hashing.
 
 Points and keys are 64-bit BLAKE2b digests, stable across processes and Python versions
 (Python's ``hash`` is salted per process and would give every router another ring).
@@ -15,6 +14,7 @@ Points and keys are 64-bit BLAKE2b digests, stable across processes and Python v
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 from collections.abc import Mapping
 
@@ -27,6 +27,12 @@ POINTS_PER_WEIGHT = 100
 def stable_hash(text: str) -> int:
     """A 64-bit hash of ``text``, the same in every process (pure)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+@functools.lru_cache(maxsize=16384)
+def _points(member: str, count: int) -> tuple[int, ...]:
+    """The ring points of one member (cached: a fleet view is rebuilt on every pod event)."""
+    return tuple(stable_hash(f"{member}#{i}") for i in range(count))
 
 
 class HashRing:
@@ -42,7 +48,7 @@ class HashRing:
         self.weights: dict[str, int] = {m: int(w) for m, w in sorted(weights.items()) if w > 0}
         points: list[tuple[int, str]] = []
         for member, weight in self.weights.items():
-            points += [(stable_hash(f"{member}#{i}"), member) for i in range(weight * points_per_weight)]
+            points += [(h, member) for h in _points(member, weight * points_per_weight)]
         points.sort()
         self._hashes = [h for h, _ in points]
         self._owners = [m for _, m in points]
