@@ -46,7 +46,7 @@ ENGINES = 6
 ROUTERS = 3
 CAP = 3
 BLOCK = 16
-IN_FLIGHT = 16
+IN_FLIGHT = 12
 TURNS = 6
 MODEL = "Qwen/Qwen3-8B"
 
@@ -130,7 +130,8 @@ class FleetClient:
     open: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    inflight: int = 0
+    busy: set[str] = field(default_factory=set)
+    """Sessions with a request in flight (a first turn may wait in its owner's admission queue)."""
     paused: bool = False
     stopping: bool = False
     failure: BaseException | None = None
@@ -155,12 +156,12 @@ class FleetClient:
         for turn in range(TURNS):
             while self.paused:
                 await asyncio.sleep(0.05)
-            self.inflight += 1
+            self.busy.add(sid)
             try:
                 body = {"model": MODEL, "messages": messages, "max_tokens": 12}
                 status, answer, router, replica = await self._post(http, "/v1/chat/completions", sid, json=body)
             finally:
-                self.inflight -= 1
+                self.busy.discard(sid)
             assert status == 200, answer
             usage = answer["usage"]
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
@@ -177,12 +178,12 @@ class FleetClient:
             await asyncio.sleep(random.uniform(0.2, 0.8))  # noqa: S311 - the tool call
         while self.paused:
             await asyncio.sleep(0.05)
-        self.inflight += 1
+        self.busy.add(sid)
         try:
             await self._post(http, "/finish_session", sid, params={"session_id": sid})
         finally:
-            self.inflight -= 1
             self.open.discard(sid)
+            self.busy.discard(sid)
             self.finished.add(sid)
 
     async def run(self) -> None:
@@ -274,9 +275,22 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
         time.sleep(25)
         # -- checkpoint: the client pauses between turns; the fleet holds exactly its open sessions
         client.paused = True
-        wait_until("no turn in flight", lambda: client.inflight == 0, timeout=60, interval=0.1)
-        held = set(client.open)
-        live = {name: _values(_scrape(url), "rolloutpool_router_live_sessions") for name, url in routers.items()}
+
+        # A first turn may wait in its owner's admission queue: not live anywhere yet. Quiet means: no open
+        # session in a request, and every other request in flight verifiably queued (queue depths add up).
+        def quiet() -> tuple[set[str], dict[str, dict[str, float]]] | None:
+            if client.busy & client.open:
+                return None
+            waiting = len(client.busy - client.open)
+            texts = {name: _scrape(url) for name, url in routers.items()}
+            if sum(sum(_values(t, "rolloutpool_router_queue_depth").values()) for t in texts.values()) != waiting:
+                return None
+            if client.busy & client.open or len(client.busy - client.open) != waiting:
+                return None
+            live = {name: _values(t, "rolloutpool_router_live_sessions") for name, t in texts.items()}
+            return set(client.open), live
+
+        held, live = wait_until("the client quiet between turns", quiet, timeout=60, interval=0.1)
         client.paused = False
         assert sum(sum(t.values()) for t in live.values()) == len(held) > 0, (live, len(held))
         for name, table in live.items():  # each router counts its own engines only
@@ -306,12 +320,12 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
         moved = sorted(e for e in first if first[e] != settled[e])
         time.sleep(20)
     finally:
-        client.stopping = True
+        client.stopping, client.paused = True, False
         runner.join(180)
         sampler.done.set()
         sampler.join(10)
-        loop.close()
     assert not runner.is_alive(), "the client did not stop"
+    loop.close()
     assert client.failure is None, repr(client.failure)
 
     # -- after the run: nothing held, every count back to zero (sessions moved during the change included)
