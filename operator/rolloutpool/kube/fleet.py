@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes import client
 
+from rolloutpool.kube.port import KubePort
 from rolloutpool.kube.watch import ThreadWatch
 from rolloutpool.routing.fleetview import FleetView, fleet_view
 
@@ -28,15 +29,11 @@ class PodSnapshots(ThreadWatch[Snapshot]):
 
     what = "pods"
 
-    def __init__(self, api: client.ApiClient, *, namespace: str, selector: str, timeout_seconds: int = 60) -> None:
-        super().__init__(api, timeout_seconds=timeout_seconds)
-        self.core = client.CoreV1Api(api)
-        self.namespace = namespace
-        self.selector = selector
+    def __init__(
+        self, api: client.ApiClient | KubePort, *, namespace: str, selector: str, timeout_seconds: int = 60
+    ) -> None:
+        super().__init__(api, kind="Pod", namespace=namespace, label_selector=selector, timeout_seconds=timeout_seconds)
         self._pods: Snapshot = {}
-
-    def list_call(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        return self.core.list_namespaced_pod, (self.namespace,), {"label_selector": self.selector}
 
     def on_list(self, objects: list[dict[str, Any]]) -> list[Snapshot]:
         self._pods = {str(o["metadata"]["name"]): o for o in objects}
@@ -56,7 +53,7 @@ class FleetWatch:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: client.ApiClient | KubePort,
         *,
         namespace: str,
         engine_selector: str,
