@@ -135,6 +135,31 @@ async def test_a_fleet_of_three_routers_acts_as_one(fleet: tuple[FleetUrls, dict
         assert sum(sum(t.values()) for t in live) == 0, live
 
 
+async def test_a_stream_is_relayed_through_a_router_that_does_not_own_it(
+    fleet: tuple[FleetUrls, dict[str, str], ProcessSet],
+) -> None:
+    urls, engines, _ = fleet
+    split = assign_engines(engines=engines, routers=urls.routers, previous={})
+    view = static_view(peers={u: u for u in urls.routers}, split=split, engine_urls=engines, self_name=urls.routers[0])
+    sid = next(f"stream-{i}" for i in range(1000) if view.owner(f"stream-{i}") == urls.routers[1])
+    body = {"model": "sim", "messages": [{"role": "user", "content": "stream"}], "max_tokens": 5, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        streams = []
+        for url in (urls.routers[0], urls.routers[1]):  # through a non-owner (forwarded), then the owner itself
+            async with http.post(f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": sid}) as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/event-stream")
+                streams.append(await resp.read())
+        async with http.post(f"{urls.routers[2]}/finish_session", params={"session_id": sid}) as resp:
+            assert resp.status < 300
+    forwarded, direct = ([e for e in raw.split(b"\n\n") if e.strip()] for raw in streams)
+    for events in (forwarded, direct):  # the same kind of stream either way
+        assert len(events) >= 2
+        assert b'"finish_reason": "length"' in events[-2]
+        assert events[-1] == b"data: [DONE]"
+        assert not any(b'"choices": []' in e or b'"choices":[]' in e for e in events)  # no injected usage chunk
+
+
 async def test_a_dead_peer_of_a_static_fleet_gives_a_clear_503(
     fleet: tuple[FleetUrls, dict[str, str], ProcessSet],
 ) -> None:
