@@ -7,12 +7,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.cli import router_command
+from rolloutpool.cli import main, router_command
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assign_engines, assignment_patches, natural_key
 from rolloutpool.reconcile.children import router_objects
 from rolloutpool.reconcile.labels import router_selector
@@ -232,3 +233,22 @@ def test_only_a_dead_routers_sessions_change_owner(engines: int, routers: int, d
     for member in set(after.values()):  # a router's share of sessions follows its share of engines
         expected = len(KEYS) * list(after.values()).count(member) / engines
         assert abs(shares[member] - expected) <= 0.3 * expected, (shares, after)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replica", "e0=http://127.0.0.1:1", "--self-url", "http://127.0.0.1:2"], "static fleet needs"),
+        (["--replica", "e0=http://127.0.0.1:1", "--peer-urls", "http://127.0.0.1:2"], "static fleet needs"),
+        (["--replica", "e0=http://127.0.0.1:1", "--self-url", "ftp://x", "--peer-urls", "http://a:1"], "http"),
+        (["--discover-namespace", "ns", "--discover-selector", "a=b", "--self-name", "r-0"], "--peer-selector"),
+        (
+            ["--discover-namespace", "ns", "--self-url", "http://a:1", "--peer-urls", "http://a:1"],
+            "static fleet needs",
+        ),
+    ],
+)
+def test_fleet_options_that_do_not_fit_are_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["router", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
