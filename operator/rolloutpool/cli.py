@@ -268,6 +268,11 @@ def engine_sim(
     help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
     "Default: session_params.session_id, session_id, user.",
 )
+# -- one of N routers (fleet_command.py) --
+@click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
+@click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
+@click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
+@click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
 def router_command(
     ctx: click.Context,
     replicas: tuple[str, ...],
@@ -291,6 +296,10 @@ def router_command(
     admin_token_file: Path | None,
     state_path: Path | None,
     session_body_fields: tuple[str, ...],
+    self_name: str | None,
+    peer_selector: str | None,
+    self_url: str | None,
+    peer_urls: tuple[str, ...],
 ) -> None:
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
@@ -338,6 +347,21 @@ def router_command(
         config = RouterConfig(**settings)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    if self_url or peer_urls or self_name or peer_selector:
+        from rolloutpool.fleet_command import run_fleet_member  # noqa: PLC0415
+
+        run_fleet_member(
+            config,
+            self_name=self_name,
+            peer_selector=peer_selector,
+            self_url=self_url,
+            peer_urls=peer_urls,
+            kubeconfig=kubeconfig,
+            namespace=discover_namespace,
+            selector=discover_selector,
+            pool=pool,
+        )
+        return
     if discover_namespace is None:
         if pool is not None:
             raise click.UsageError("--pool needs --discover-namespace")

@@ -28,6 +28,7 @@ from rolloutpool.reconcile.labels import (
     pool_labels,
     router_match_labels,
     router_name,
+    router_selector,
 )
 
 __all__ = [
@@ -261,6 +262,8 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
+    if router.replicas > 1:  # one fleet: each pod owns the engines the operator assigns it (router/fleet.py)
+        args += ["--self-name=$(POD_NAME)", f"--peer-selector={router_selector(pool_name)}"]
     return args
 
 

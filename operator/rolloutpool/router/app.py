@@ -30,6 +30,7 @@ from rolloutpool.router.admin import AdminAPI
 from rolloutpool.router.api import SessionAPI
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
+from rolloutpool.router.fleet import Fleet
 from rolloutpool.router.metrics import RouterMetrics
 from rolloutpool.router.proxy import JSON_PATHS, Proxy
 from rolloutpool.router.renewal import Renewer
@@ -246,6 +247,7 @@ def build_app(
     client_factory: ClientFactory = _default_client,
     discovery: Discovery | None = None,
     limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
 ) -> web.Application:
     """The router application; its loops run between startup and cleanup.
 
@@ -258,6 +260,8 @@ def build_app(
     service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
     app[ROUTER] = service
+    if fleet is not None:  # one of N routers: forward sessions owned elsewhere (router/fleet.py)
+        fleet.install(app, manager=service.manager, proxy=service.proxy)
     add = app.router
     # -- routes the router owns (its session API, admin API, health, metrics) -------------
     add.add_get("/v1/models", service.proxy.models)
@@ -284,7 +288,13 @@ def build_app(
     return app
 
 
-def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limits: LimitsSource | None = None) -> None:
+def run_router(
+    config: RouterConfig,
+    *,
+    discovery: Discovery | None = None,
+    limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
         "Starting router host=%s port=%d replicas=%s admin=%s state=%s renew_every_s=%s",
@@ -295,7 +305,7 @@ def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limi
         config.state_path,
         config.renew_every_s,
     )
-    app = build_app(config, discovery=discovery, limits=limits)
+    app = build_app(config, discovery=discovery, limits=limits, fleet=fleet)
     # Start-up objects never become garbage: keep them out of every collection, and collect young
     # objects less often (each request allocates a few hundred; few of them form cycles).
     gc.freeze()

@@ -53,6 +53,7 @@ from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, 
 from rolloutpool.routing.table import Session
 
 if TYPE_CHECKING:
+    from rolloutpool.router.fleet import Fleet
     from rolloutpool.router.renewal import Renewer
 
 __all__ = [
@@ -153,6 +154,8 @@ class Proxy:
         self._pool: UpstreamPool | None = None
         self.renewer: Renewer | None = None
         """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
+        self.fleet: Fleet | None = None
+        """One of N routers (``router/fleet.py``): a session owned by another router is forwarded to it."""
         self.config = manager.config
         self.metrics = manager.metrics
         self.owned: tuple[str, ...] = ()
@@ -227,6 +230,10 @@ class Proxy:
         except BodyError as exc:
             return error_response(400, str(exc), param=exc.param)
         # The session key is known here and nothing is placed yet: the one place to hook routing decisions.
+        if self.fleet is not None and body.key is not None:  # one of N routers: its owner may be another router
+            forwarded = await self.fleet.forward_if_foreign(request, body.key)
+            if forwarded is not None:
+                return forwarded
         return await self.serve(request, path, body)
 
     async def serve(self, request: web.Request, path: str, body: RequestBody) -> web.StreamResponse:

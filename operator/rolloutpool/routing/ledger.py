@@ -55,7 +55,7 @@ from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
-_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost"})
+_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved"})
 """Release paths that say nothing about the replica's pressure (the session did not finish there)."""
 
 
