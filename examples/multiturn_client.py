@@ -6,6 +6,13 @@ others run, as a rollout does during a tool call. For every turn it prints the p
 tokens, the cached tokens the server reports, and the cached tokens a perfect prefix
 cache would give; at the end, the server's prefix-cache counters.
 
+The block size is read from the server's ``vllm:cache_config_info`` (vLLM: 16 on GPUs,
+a multiple of 32 on CPUs; ``--block-size`` overrides it). A shortfall of up to one
+block is reported as ``retokenized``, not eviction: the next prompt re-tokenizes the
+previous answer, which can differ from the sampled ids. A server started without
+``--enable-prompt-tokens-details`` answers ``prompt_tokens_details: null``; then the
+cached tokens are unknown and printed as ``-``.
+
     rolloutpool engine-sim --port 8100 --time-scale 50 &
     python examples/multiturn_client.py --url http://127.0.0.1:8100
 """
@@ -36,6 +43,23 @@ async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
     return total
 
 
+async def _block_size(http: aiohttp.ClientSession, url: str) -> int | None:
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    match = re.search(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _verdict(cached: int | None, ideal: int, block: int) -> str:
+    if cached is None:
+        return "unknown (no prompt_tokens_details: start vLLM with --enable-prompt-tokens-details)"
+    if cached >= ideal:
+        return "hit"
+    if ideal - cached <= block:
+        return f"retokenized ({ideal - cached} tokens, within one block)"
+    return f"EVICTED {ideal - cached} tokens re-prefilled"
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8100")
@@ -44,6 +68,7 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=150)
     parser.add_argument("--observation-words", type=int, default=200)
+    parser.add_argument("--block-size", type=int, default=None, help="Default: the server's cache_config_info.")
     args = parser.parse_args()
 
     chats: list[list[dict[str, str]]] = [
@@ -54,6 +79,8 @@ async def main() -> None:
     async with aiohttp.ClientSession() as http:
         queries0 = await _metric(http, args.url, "vllm:prefix_cache_queries_total")
         hits0 = await _metric(http, args.url, "vllm:prefix_cache_hits_total")
+        block = args.block_size or await _block_size(http, args.url) or 16
+        print(f"block size {block}")
         reported = 0
         print(f"{'turn':>4} {'session':>7} {'prompt':>7} {'cached':>7} {'no-evict':>8}  verdict")
         for turn in range(args.turns):
@@ -71,11 +98,12 @@ async def main() -> None:
                     if response.status != 200:
                         raise SystemExit(f"HTTP {response.status}: {data}")
                 usage = data["usage"]
-                prompt, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
-                reported += cached
-                ideal = (min(previous_context[s], prompt - 1) // 16) * 16
-                verdict = "hit" if cached >= ideal else f"EVICTED {ideal - cached} tokens re-prefilled"
-                print(f"{turn:>4} {s:>7} {prompt:>7} {cached:>7} {ideal:>8}  {verdict}")
+                details = usage.get("prompt_tokens_details") or {}
+                prompt, cached = usage["prompt_tokens"], details.get("cached_tokens")
+                reported += cached or 0
+                ideal = (min(previous_context[s], prompt - 1) // block) * block
+                shown = "-" if cached is None else cached
+                print(f"{turn:>4} {s:>7} {prompt:>7} {shown:>7} {ideal:>8}  {_verdict(cached, ideal, block)}")
                 previous_context[s] = prompt + usage["completion_tokens"] - 1
                 chats[s].append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
                 chats[s].append({"role": "user", "content": _observation(s, turn, args.observation_words)})

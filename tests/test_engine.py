@@ -372,14 +372,14 @@ class _BlockByBlockPool:
                 self.free.pop(h, None)
                 self.ref[h] = self.ref.get(h, 0) + 1
                 self.uncached += 1
-                self.order.append([None, 1])
+                self.order.insert(0, [None, 1])  # uncached blocks are reused first
             else:
                 self.ref[h] = 1
 
     def release(self, hashes: list[int], n_hashed: int, n_private: int) -> None:
         if n_private:
             self.uncached += n_private
-            self.order.append([None, n_private])
+            self.order.insert(0, [None, n_private])
         freed = []
         for h in hashes[:n_hashed]:
             self.ref[h] -= 1

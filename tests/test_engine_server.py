@@ -250,7 +250,7 @@ async def test_errors_are_openai_shaped_and_the_server_keeps_serving() -> None:
             ({"prompt": list(range(256))}, 400, "BadRequestError"),
             ({"max_tokens": 3}, 400, "BadRequestError"),
             ({"prompt": "hi", "max_tokens": 0}, 400, "BadRequestError"),
-            ({"prompt": "hi", "max_tokens": "many"}, 400, "BadRequestError"),
+            ({"prompt": "hi", "max_tokens": "many"}, 400, "Bad Request"),  # vLLM 0.32's request validation
         ]
         errors = [bad_json]
         for body, want_status, want_type in cases:
@@ -363,7 +363,9 @@ async def test_concurrent_requests_on_a_small_pool_are_preempted_and_all_finish(
         values = (await scrape(session, base))["values"]
     assert values["vllm:num_preemptions_total"] > 0
     assert values["vllm:request_num_preemptions_sum"] == values["vllm:num_preemptions_total"]
-    assert values["vllm:prefix_cache_queries_total"] > values["vllm:prompt_tokens_total"]  # recompute re-queries
+    # as in vLLM 0.32, re-admissions after a preemption are not counted again
+    assert values["vllm:prefix_cache_queries_total"] == values["vllm:prompt_tokens_total"]
+    assert values["vllm:prefix_cache_hits_total"] == values["vllm:prompt_tokens_cached_total"]
     assert values["vllm:kv_cache_usage_perc"] == 0.0
 
 

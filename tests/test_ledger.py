@@ -198,3 +198,19 @@ def test_cap_changes_admit_and_are_reported() -> None:
     events = ledger.take_events()
     assert CapChanged("a", 14, 2048) in events
     assert [e.ticket for e in events if isinstance(e, Admitted)] == [queued.ticket]
+
+
+def test_fifo_holds_when_the_policy_sizes_by_request() -> None:
+    """A head that does not fit blocks a smaller session behind it (nobody overtakes), until it leaves."""
+    from rolloutpool.routing.policies import Clairvoyant  # noqa: PLC0415
+
+    ledger = Ledger(LedgerConfig(quarantine=None), policy=Clairvoyant(headroom=0.0))
+    ledger.add_replica("a", now=0.0, capacity_tokens=1000)
+    assert isinstance(ledger.arrive(Placement("held", projected_tokens=1000, prompt_tokens=600), now=0.0), Bound)
+    big = ledger.arrive(Placement("big", projected_tokens=800, prompt_tokens=800), now=1.0)  # needs 800, 200 free
+    small = ledger.arrive(Placement("small", projected_tokens=100, prompt_tokens=100), now=2.0)  # would fit
+    assert isinstance(big, Queued)
+    assert isinstance(small, Queued)
+    ledger.take_events()
+    assert ledger.cancel(big.ticket, now=3.0)  # the head times out: the one behind it is admitted
+    assert [e.ticket for e in ledger.take_events() if isinstance(e, Admitted)] == [small.ticket]

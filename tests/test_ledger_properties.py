@@ -172,6 +172,15 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.set_operator_limit(name, OperatorLimit(cap, quarantined, None), now=self._tick())
         self._check_events(before)
 
+    @rule(caps=st.dictionaries(st.sampled_from(_NAMES), st.tuples(_CAPS, st.booleans()), max_size=4))
+    def operator_status(self, caps: dict[str, tuple[int | None, bool]]) -> None:
+        before = self._live()
+        status = {name: OperatorLimit(cap, quarantined, None) for name, (cap, quarantined) in caps.items()}
+        self.ledger.set_operator_limits(status, now=self._tick())
+        self._check_events(before)
+        for name, limits in self.ledger.limits.items():  # a replica the status leaves out has no operator limit
+            assert limits.operator == status.get(name)
+
     @rule(name=st.sampled_from(_NAMES), capacity=st.one_of(st.none(), st.integers(min_value=0, max_value=8192)))
     def capacity_reported(self, name: str, capacity: int | None) -> None:
         if name in self.ledger.limits:

@@ -22,6 +22,7 @@ import pytest
 from rolloutpool.autoscale import ReplicaSignals
 from rolloutpool.localcluster.cluster import free_port
 from rolloutpool.metrics.prom import PrometheusSignals, PrometheusUnreachable, redact_url, scrub
+from rolloutpool.metrics.promql import QUERY_NAMES
 
 USER, PASSWORD = "scraper", "s3cr%t-pass"
 NOW = 1_800_000_000.0
@@ -141,7 +142,7 @@ def test_basic_auth_from_the_url_is_sent_and_the_answer_parsed(fake_api: Callabl
     assert signals == {"a": ReplicaSignals(kv_usage=0.5), "b": None}
     expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     assert set(api.authorizations) == {expected}
-    assert len(api.queries) == 9, "one query per signal, whatever the number of replicas"
+    assert len(api.queries) == len(QUERY_NAMES), "one query per signal, whatever the number of replicas"
 
 
 def test_no_replicas_sends_no_query(fake_api: Callable[..., FakeApi]) -> None:
@@ -200,4 +201,4 @@ def test_reads_from_several_threads_take_turns(fake_api: Callable[..., FakeApi])
     with PrometheusSignals(api.url) as reader, ThreadPoolExecutor(max_workers=8) as pool:
         reads = [pool.submit(reader.read, namespace="ns", replicas=["a"], window_seconds=30) for _ in range(16)]
         assert all(r.result(timeout=30) == {"a": ReplicaSignals(kv_usage=0.25)} for r in reads)
-    assert len(api.queries) == 16 * 9
+    assert len(api.queries) == 16 * len(QUERY_NAMES)

@@ -10,6 +10,8 @@ import pytest
 
 from rolloutpool.autoscale import ReplicaSignals, classify_health
 from rolloutpool.metrics.promql import (
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     QUERY_NAMES,
     assemble_signals,
     build_queries,
@@ -103,10 +105,12 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
         f"sum by (pod) (max by (pod, engine) (rate(vllm:num_preemptions_total{{{engine}}}[60s])))"
     )
     assert queries["waiting"] == f"sum by (pod) (max by (pod, engine) (vllm:num_requests_waiting{{{engine}}}))"
-    assert queries["prefix_hit_ratio"] == (
-        f"sum by (pod) (max by (pod, engine) (rate(vllm:prefix_cache_hits_total{{{engine}}}[60s])))"
-        f" / sum by (pod) (max by (pod, engine) (rate(vllm:prefix_cache_queries_total{{{engine}}}[60s])))"
-    )
+
+    def first_of(names: tuple[str, ...]) -> str:
+        return " or ".join(f"sum by (pod) (max by (pod, engine) (rate({n}{{{engine}}}[60s])))" for n in names)
+
+    assert queries["prefix_hit_ratio"] == f"({first_of(PREFIX_CACHE_HITS)}) / ({first_of(PREFIX_CACHE_QUERIES)})"
+    assert "vllm:gpu_prefix_cache_hits_total" in queries["prefix_hit_ratio"]  # older releases still read
     assert queries["cache_config"] == f"vllm:cache_config_info{{{engine}}}"
     assert queries["engine_sampled_at"] == f"max by (pod) (timestamp(vllm:num_requests_waiting{{{engine}}}))"
     assert queries["reprefill_tokens_per_s"] == (

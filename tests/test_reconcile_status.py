@@ -495,3 +495,15 @@ def test_drains_come_from_the_plan_when_there_is_one() -> None:
     assert [(e.quarantined, e.reason) for e in without_plan.replica_status][1] == (True, "Draining")
     failed_while_draining = status_of(pool, pods_of(pool), draining={E(1): 0.0}, plan=EnginePlan(delete=(E(1),)))
     assert [(e.quarantined, e.reason) for e in failed_while_draining.replica_status][1] == (False, None)
+
+
+def test_each_replica_lists_its_engine_endpoint_for_trainers_that_call_engines_directly() -> None:
+    pool = pool_object(replicas=2)
+    pods = pods_of(pool)
+    pods[0]["status"]["podIP"] = "10.1.2.3"
+    status = status_of(pool, pods)
+    by_name = {r.name: r for r in status.replica_status}
+    assert by_name[E(0)].endpoint is not None
+    assert by_name[E(0)].endpoint.startswith("http://10.1.2.3:")
+    assert by_name[E(1)].endpoint is None  # no IP yet
+    assert status.model_dump(by_alias=True)["replicaStatus"][0]["endpoint"].startswith("http://10.1.2.3:")

@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 import yaml
@@ -154,6 +154,16 @@ def validate(manifest: TextIO) -> None:
 @click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
 @click.option("--num-gpu-blocks", type=click.IntRange(min=2), default=None, help="KV pool size (default: preset's).")
 @click.option("--kv-capacity-tokens", type=click.IntRange(min=32), default=None, help="KV pool size in tokens.")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per KV block.")
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True, help="As vLLM's flag."
+)
+@click.option(
+    "--enable-prompt-tokens-details/--no-enable-prompt-tokens-details",
+    default=True,
+    show_default=True,
+    help="Report usage.prompt_tokens_details (vLLM's default is off; the simulator's on).",
+)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
 @click.option("--time-scale", type=click.FloatRange(min=0.001), default=1.0, show_default=True)
@@ -169,6 +179,9 @@ def engine_sim(
     hardware: str,
     num_gpu_blocks: int | None,
     kv_capacity_tokens: int | None,
+    block_size: int,
+    enable_prefix_caching: bool,
+    enable_prompt_tokens_details: bool,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     time_scale: float,
@@ -183,7 +196,7 @@ def engine_sim(
     if kv_capacity_tokens is not None:
         if num_gpu_blocks is not None:
             raise click.UsageError("give --num-gpu-blocks or --kv-capacity-tokens, not both")
-        num_gpu_blocks = kv_capacity_tokens // 16
+        num_gpu_blocks = kv_capacity_tokens // block_size
     try:
         config = ServerConfig(
             host=host,
@@ -192,6 +205,9 @@ def engine_sim(
             max_model_len=max_model_len,
             hardware=hardware,
             num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prompt_tokens_details=enable_prompt_tokens_details,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             time_scale=time_scale,
@@ -205,7 +221,14 @@ def engine_sim(
     run_server(config)
 
 
-@main.command("router")
+@main.command(
+    "router",
+    # vllm-router's flags (--worker-urls URL..., --policy, ...) arrive as extra arguments: router/compat.py
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="vllm-router's flags are accepted too (--worker-urls URL..., --policy, --request-id-headers, ...): "
+    "see docs/migrating-from-vllm-router.md.",
+)
+@click.pass_context
 @click.option("--replica", "replicas", multiple=True, help="name=url of an engine (repeatable).")
 @click.option("--discover-namespace", default=None, help="Discover replicas from the pods of this namespace.")
 @click.option(
@@ -238,7 +261,20 @@ def engine_sim(
 )
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--session-body-field",
+    "session_body_fields",
+    multiple=True,
+    help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
+    "Default: session_params.session_id, session_id, user.",
+)
+# -- one of N routers (fleet_command.py) --
+@click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
+@click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
+@click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
+@click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
 def router_command(
+    ctx: click.Context,
     replicas: tuple[str, ...],
     discover_namespace: str | None,
     discover_selector: str | None,
@@ -259,37 +295,73 @@ def router_command(
     renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
+    session_body_fields: tuple[str, ...],
+    self_name: str | None,
+    peer_selector: str | None,
+    self_url: str | None,
+    peer_urls: tuple[str, ...],
 ) -> None:
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
 
-    from rolloutpool.router import RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
+    from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if bool(replicas) == bool(discover_namespace):
-        raise click.UsageError("give --replica (static) or --discover-namespace/--discover-selector, not both")
     try:
-        config = RouterConfig(
-            replicas=tuple(parse_replica(r) for r in replicas),
-            discovery=discover_namespace is not None,
-            host=host,
-            port=port,
-            cap=cap,
-            max_model_len=max_model_len,
-            expected_residency=residency,
-            headroom=headroom,
-            cap_ceiling=cap_ceiling,
-            idle_timeout_s=idle_timeout,
-            queue_max=queue_max,
-            queue_timeout_s=queue_timeout,
-            scrape_interval_s=scrape_interval,
-            upstream_timeout_s=upstream_timeout,
-            renew_every_s=renew_every,
-            state_path=state_path,
-            admin_token=admin_token_file.read_text().strip() if admin_token_file else None,
+        compat = translate(list(ctx.args))
+    except CompatError as err:
+        raise click.UsageError(str(err)) from err
+    level = getattr(logging, (compat.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for flag, reason in compat.accepted:
+        logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if bool(replicas or compat.worker_urls) == bool(discover_namespace):
+        raise click.UsageError(
+            "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
         )
+    try:
+        specs = tuple(parse_replica(r) for r in replicas)
+        specs += tuple(ReplicaSpec(name=replica_name(url), url=url) for url in compat.worker_urls)
+        settings: dict[str, Any] = {
+            "replicas": specs,
+            "discovery": discover_namespace is not None,
+            "host": host,
+            "port": port,
+            "cap": cap,
+            "max_model_len": max_model_len,
+            "expected_residency": residency,
+            "headroom": headroom,
+            "cap_ceiling": cap_ceiling,
+            "idle_timeout_s": idle_timeout,
+            "queue_max": queue_max,
+            "queue_timeout_s": queue_timeout,
+            "scrape_interval_s": scrape_interval,
+            "upstream_timeout_s": upstream_timeout,
+            "renew_every_s": renew_every,
+            "state_path": state_path,
+            "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
+            "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
+        }
+        settings.update(compat.overrides)  # a vllm-router flag wins over our default
+        config = RouterConfig(**settings)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    if self_url or peer_urls or self_name or peer_selector:
+        from rolloutpool.fleet_command import run_fleet_member  # noqa: PLC0415
+
+        run_fleet_member(
+            config,
+            self_name=self_name,
+            peer_selector=peer_selector,
+            self_url=self_url,
+            peer_urls=peer_urls,
+            kubeconfig=kubeconfig,
+            namespace=discover_namespace,
+            selector=discover_selector,
+            pool=pool,
+        )
+        return
     if discover_namespace is None:
         if pool is not None:
             raise click.UsageError("--pool needs --discover-namespace")
@@ -333,6 +405,21 @@ def router_command(
     default=None,
     help="Our policy renews an idle live session's cached prefix every SECONDS (default: no renewal).",
 )
+@click.option(
+    "--weight-update-every",
+    "weight_update_every_s",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Weight-update scenario: every SECONDS pause the engines (in-flight requests finish), reset every "
+    "prefix cache, load for --weight-update-load and resume, as an RL step does (default: no updates).",
+)
+@click.option("--weight-update-load", "weight_update_load_s", type=click.FloatRange(min=0), default=20.0)
+@click.option(
+    "--weight-update-unannounced",
+    is_flag=True,
+    help="Control run: the router, its fast quarantine and the law are not told of the updates.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
@@ -348,6 +435,9 @@ def simulate(
     residency: float,
     headroom: float,
     renew_every_s: float | None,
+    weight_update_every_s: float | None,
+    weight_update_load_s: float,
+    weight_update_unannounced: bool,
     seed: int,
     workers: int,
     out_dir: Path,
@@ -359,7 +449,7 @@ def simulate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
-    from rolloutpool.sim.fleet import FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
         ratios,
@@ -368,11 +458,13 @@ def simulate(
         write_plots,
     )
     from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
-    unknown = [p for p in policies if p not in POLICIES]
+    known = (*POLICIES, ADAPTIVE)
+    unknown = [p for p in policies if p not in known]
     if unknown:
-        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(known)}")
     try:
         if workload_file is not None:
             from rolloutpool.sim.workload_file import load_workload  # noqa: PLC0415
@@ -392,6 +484,11 @@ def simulate(
         expected_residency=residency,
         headroom=headroom,
         renew_every_s=renew_every_s,
+        weight_updates=None
+        if weight_update_every_s is None
+        else WeightUpdateConfig(
+            every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
+        ),
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
     _console.print(
@@ -416,11 +513,16 @@ def simulate(
     _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
     for load, r in ratios(runs).items():
         _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
+    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
+        _console.print(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
             "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
     if renew_every_s is not None:
         meta["renew_every_s"] = renew_every_s
+    if weight_update_every_s is not None:
+        meta["weight_update_every_s"] = weight_update_every_s
+        meta["weight_update_announced"] = not weight_update_unannounced
     text = results_json(runs, meta)
     (out_dir / "results.json").write_text(text)
     (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))

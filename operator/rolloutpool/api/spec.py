@@ -20,10 +20,14 @@ __all__ = [
     "ConcurrencySpec",
     "EngineKind",
     "EngineSpec",
+    "HostPathSource",
     "KvDtype",
     "ModelShape",
+    "ModelVolumeSpec",
+    "PersistentVolumeClaimSource",
     "RolloutPoolSpec",
     "RouterSpec",
+    "SecretKeySpec",
     "SimulatorSpec",
     "SpecModel",
     "UpdateStrategySpec",
@@ -86,6 +90,69 @@ class SimulatorSpec(SpecModel):
     """Cost-model preset of the simulated GPU."""
 
 
+class PersistentVolumeClaimSource(SpecModel):
+    """A PersistentVolumeClaim that holds the model weights."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    """Name of the claim, in the pool's namespace."""
+
+    read_only: bool = True
+    """Mount it read-only (the default: replicas share it)."""
+
+
+class HostPathSource(SpecModel):
+    """A folder of the node that holds the model weights (pre-staged by the cluster's admins)."""
+
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    """Absolute path on the node."""
+
+
+class ModelVolumeSpec(SpecModel):
+    """Where the engine reads the model weights from, instead of downloading them at every start."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.persistentVolumeClaim) != has(self.hostPath)",
+                    "engine.modelVolume needs exactly one of persistentVolumeClaim and hostPath",
+                )
+            ]
+        }
+    )
+
+    persistent_volume_claim: PersistentVolumeClaimSource | None = None
+    """The weights live on this claim."""
+
+    host_path: HostPathSource | None = None
+    """The weights live in this folder of every GPU node."""
+
+    sub_path: str | None = Field(default=None, min_length=1, max_length=1024, pattern=r"^[^/].*$")
+    """Folder inside the volume that holds the model (mounted at ``mountPath``)."""
+
+    mount_path: str = Field(default="/models", min_length=2, max_length=1024, pattern=r"^/.+")
+    """Where the weights appear in the engine container; vLLM serves this path under ``engine.model``."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelVolumeSpec:
+        if (self.persistent_volume_claim is None) == (self.host_path is None):
+            raise ValueError("engine.modelVolume needs exactly one of persistentVolumeClaim and hostPath")
+        return self
+
+
+class SecretKeySpec(SpecModel):
+    """One key of a Secret in the pool's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret."""
+
+    key: str = Field(default="token", min_length=1, max_length=253)
+    """Key inside the Secret."""
+
+
+_RESERVED_ENV = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE"})
+
+
 class EngineSpec(SpecModel):
     """The inference engine each replica runs."""
 
@@ -142,6 +209,40 @@ class EngineSpec(SpecModel):
     tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
     """Tolerations of the engine pods (core/v1 Toleration objects, passed through)."""
 
+    affinity: dict[str, Any] | None = None
+    """Affinity of the engine pods (a core/v1 Affinity, passed through)."""
+
+    priority_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """PriorityClass of the engine pods."""
+
+    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16)
+    """Names of Secrets used to pull the engine image."""
+
+    model_volume: ModelVolumeSpec | None = None
+    """Model weights from a PersistentVolumeClaim or a host path (vLLM then serves the mounted path)."""
+
+    hf_token_secret: SecretKeySpec | None = None
+    """Secret key exported as ``HF_TOKEN`` (gated models on the Hugging Face hub)."""
+
+    env: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    """Extra environment variables of the engine container (core/v1 EnvVar objects), after the generated ones."""
+
+    env_from: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
+    """ConfigMaps and Secrets exported whole into the engine container (core/v1 EnvFromSource objects)."""
+
+    resources: dict[str, Any] | None = None
+    """Requests and limits of the engine container (core/v1 ResourceRequirements). ``nvidia.com/gpu`` is set
+    from ``gpusPerReplica`` for vllm; giving it here with another value is an error."""
+
+    shm_size: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+    """Size limit of the engine's ``/dev/shm`` (a memory-backed emptyDir; NCCL needs several GiB for TP > 1)."""
+
+    pod_template: dict[str, Any] | None = None
+    """Escape hatch: a partial core/v1 PodTemplateSpec (``metadata``, ``spec``) merged over the generated engine
+    pod, last. Maps merge key by key; lists of named items (containers, initContainers, volumes, env,
+    volumeMounts, ports) merge by ``name``; other lists are replaced. It may not rename the ``engine``
+    container, set metadata name/namespace, or change ``rolloutpool.io/`` labels."""
+
     simulator: SimulatorSpec | None = None
     """Simulator settings; only used when ``kind`` is ``simulated``."""
 
@@ -151,7 +252,35 @@ class EngineSpec(SpecModel):
             raise ValueError("engine.image is required when engine.kind is vllm")
         if self.kind == "vllm" and self.gpus_per_replica < 1:
             raise ValueError("engine.gpusPerReplica must be at least 1 when engine.kind is vllm")
+        for var in self.env:
+            if not isinstance(var.get("name"), str) or not var["name"]:
+                raise ValueError("engine.env entries need a name")
+            if var["name"] in _RESERVED_ENV:
+                raise ValueError(f"engine.env may not set {var['name']}: the operator sets it")
+        gpu = ((self.resources or {}).get("limits") or {}).get("nvidia.com/gpu")
+        if self.kind == "vllm" and gpu is not None and str(gpu) != str(self.gpus_per_replica):
+            raise ValueError("engine.resources.limits['nvidia.com/gpu'] must equal engine.gpusPerReplica")
+        if self.pod_template is not None:
+            _check_pod_template(self.pod_template)
         return self
+
+
+def _check_pod_template(template: dict[str, Any]) -> None:
+    """Reject overlays that would break what the operator relies on (pure)."""
+    unknown = set(template) - {"metadata", "spec"}
+    if unknown:
+        raise ValueError(f"engine.podTemplate may only have metadata and spec, not {sorted(unknown)}")
+    meta = template.get("metadata") or {}
+    if not isinstance(meta, dict) or set(meta) - {"labels", "annotations"}:
+        raise ValueError("engine.podTemplate.metadata may only set labels and annotations")
+    if any(str(k).startswith("rolloutpool.io/") for k in meta.get("labels") or {}):
+        raise ValueError("engine.podTemplate may not set rolloutpool.io/ labels (the operator selects pods by them)")
+    spec = template.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise ValueError("engine.podTemplate.spec must be an object")
+    for container in spec.get("containers") or []:
+        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
+            raise ValueError("engine.podTemplate.spec.containers entries need a name")
 
 
 class ConcurrencySpec(SpecModel):

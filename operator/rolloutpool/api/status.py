@@ -76,6 +76,11 @@ class ReplicaStatus(StatusModel):
     ready: bool = False
     """Whether the pod is ready to serve."""
 
+    endpoint: str | None = None
+    """The engine's base URL, ``http://<podIP>:<port>``, for trainers that call the engines directly (weight
+    sync: ``/pause``, ``/update_weights``, ...); unset while the pod has no IP. The router fans the same calls out
+    from one URL (``/admin/rl/{call}``)."""
+
     live_sessions: int = Field(default=0, ge=0)
     """Sessions started on this replica and not yet released."""
 
@@ -102,6 +107,11 @@ class ReplicaStatus(StatusModel):
 
     router_quarantined_at: datetime | None = None
     """When a router last reported the quarantine: shown until 15 s after that, unless no router answers."""
+
+    engine_warnings: list[str] = Field(default_factory=list)
+    """What the engine does not report, as the routers see it: ``NoCachedTokens`` (no
+    ``prompt_tokens_details``: re-prefill is undetectable; start vLLM with ``--enable-prompt-tokens-details``),
+    ``PrefixCachingOff`` (nothing is cached; misses never quarantine it)."""
 
     cap_changed_at: datetime | None = None
     """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""

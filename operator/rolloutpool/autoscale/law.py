@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
+from rolloutpool.routing.weights import law_holds
 
 __all__ = [
     "HealthReason",
@@ -57,6 +58,8 @@ class ReplicaSignals:
     """Sessions the measured contexts make room for: 90 % of the KV capacity over the 90th percentile of finished
     sessions' final contexts (:meth:`rolloutpool.routing.admission_kv.KvProjection.measured_floor`), the
     conservative floor with a measurement in place of ``maxModelLen``; the slow start jumps to it. None: unknown."""
+    weight_updates: float | None = None
+    """Flushing weight-sync operations the engines ran over the window (``vllm:rl_weight_update_*``)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,8 @@ def decide_replica(
     if signals is None:  # blind: the floor
         return _without_signals(previous, held=current, most=params.floor, now=now)
     reason = pressure_reason(signals, params)
+    if law_holds(weight_updates=signals.weight_updates, reason=reason):  # the re-prefill burst of a weight update
+        return replace(previous, cap=current, quarantined=False, reason="WeightUpdate")
     if reason is not None:
         return _cut(previous=previous, current=current, signals=signals, reason=reason, params=params, now=now)
     return _raise(previous=previous, current=current, signals=signals, params=params, now=now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import signal
@@ -23,6 +24,39 @@ _console = Console(width=160)
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through every ProcessSet, which stops its children
+
+
+def _find_vllm_router(name: str) -> str:
+    # on PATH, or installed next to this Python (a venv's bin/ when the venv is not activated)
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise click.UsageError(f"{name!r} not found; `pip install vllm-router` or pick --router rolloutpool")
+    return found
+
+
+def _overhead_only(
+    chosen: tuple[str, ...], vllm_router_bin: str, *, rounds: int, duration_s: float, out_dir: Path
+) -> None:
+    from rolloutpool.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
+    from rolloutpool.bench.processes import ReadinessError  # noqa: PLC0415
+
+    peer = _find_vllm_router(vllm_router_bin) if any(r in VLLM_ROUTERS for r in chosen) else None
+    config = OverheadOnlyConfig(out_dir=out_dir, vllm_router_bin=peer, rounds=rounds, duration_s=duration_s)
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        summary = run_overhead_only(config, lambda m: click.echo(f"[{time.monotonic() - started:6.1f}s] {m}"))
+    except KeyboardInterrupt:
+        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
+        sys.exit(130)
+    except (ReadinessError, RuntimeError) as err:
+        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    summary["command"] = shlex.join(["rolloutpool", *sys.argv[1:]])
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    click.echo(markdown(summary))
+    click.echo(f"Wrote {out_dir / 'summary.json'} and {out_dir / 'summary.md'}")
 
 
 @click.command("bench")
@@ -81,6 +115,15 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 @click.option("--overhead-rounds", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--overhead-slice", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @click.option(
+    "--overhead-only",
+    is_flag=True,
+    help="Only the wrk overhead comparison: direct / vllm-router / ours, small and 200 KB bodies, interleaved "
+    "rounds (--overhead-rounds), then the added p50 at half vllm-router's saturation rate.",
+)
+@click.option(
+    "--wrk-duration", type=click.FloatRange(min=1), default=8.0, show_default=True, help="Seconds per wrk run."
+)
+@click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/bench"), show_default=True
 )
 def bench_command(  # noqa: PLR0917 - click passes every option as a positional parameter
@@ -105,6 +148,8 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     overhead_concurrency: int,
     overhead_rounds: int,
     overhead_slice: float,
+    overhead_only: bool,
+    wrk_duration: float,
     out_dir: Path,
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
@@ -115,16 +160,13 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
 
     chosen = routers or DEFAULT_ROUTERS
+    if overhead_only:
+        _overhead_only(chosen, vllm_router_bin, rounds=overhead_rounds, duration_s=wrk_duration, out_dir=out_dir)
+        return
     if (kv_capacity_tokens // 16 - 1) * 16 < max_model_len:
         raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
     if any(r in VLLM_ROUTERS for r in chosen):
-        # on PATH, or installed next to this Python (a venv's bin/ when the venv is not activated)
-        found = shutil.which(vllm_router_bin) or shutil.which(vllm_router_bin, path=str(Path(sys.executable).parent))
-        if found is None:
-            raise click.UsageError(
-                f"{vllm_router_bin!r} not found; `pip install vllm-router` or pick --router rolloutpool"
-            )
-        vllm_router_bin = found
+        vllm_router_bin = _find_vllm_router(vllm_router_bin)
     config = BenchConfig(
         scenario=scaled_scenario(scenario(scenario_name), context_scale=context_scale, max_model_len=max_model_len),
         routers=tuple(chosen),

@@ -4,14 +4,16 @@ Router: a :class:`~rolloutpool.router.sessions.SessionManager` (the router's own
 ledger, metrics, the asyncio shell) with ``--replicas`` replicas and ``--sessions`` live
 sessions in GRPO groups, kept at that count while it is measured: each sample releases a random
 live session and places a new one. Reported: the placement latency of a new session through
-the router (``SessionManager.acquire``) and through the pure ledger (``Ledger.arrive``), a
-returning turn's latency, and the process RSS once the table is full.
+the router (``SessionManager.acquire``) and through the pure ledger (``Ledger.arrive``), wall
+clock and the thread's CPU time (which a loaded, shared machine does not inflate), a returning
+turn's latency, and the process RSS once the table is full.
 
 Operator: the pure decisions one reconcile pass runs for a pool of ``--replicas`` engines on a
 synthetic observed world (every pod ready, every replica with signals): ``parse_spec``,
 ``router_objects``, ``desired_engine_pods``, ``plan_engines``, ``plan_controls`` (the control
 law for every replica), ``build_status``, ``events_between`` and the status comparison.
 Kubernetes and Prometheus round trips are not included (they are I/O, measured elsewhere).
+Times are CPU time of this process (``time.process_time``); one pass's wall time is reported too.
 
 ``python -m rolloutpool.bench.scale --out out/scale.json``
 """
@@ -84,27 +86,29 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
         return time.perf_counter() - started
 
     async def measure() -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {"router": [], "ledger": [], "returning": []}
-        clock = time.perf_counter_ns
+        out: dict[str, list[int]] = {k: [] for k in ("router", "ledger", "returning", "router_cpu", "ledger_cpu")}
+        wall, cpu = time.perf_counter_ns, time.thread_time_ns
         for i in range(samples):
             victim = live.pop(rng.randrange(len(live)))
             manager.release(victim, how="finish_session")
             sid, group = new_id()
+            kind = "router" if i % 2 else "ledger"
+            t0, c0 = wall(), cpu()
             if i % 2:
-                t0 = clock()
                 await manager.acquire(sid, group=group)
-                out["router"].append(clock() - t0)
             else:
-                t0 = clock()
                 decision = manager.ledger.arrive(Placement(sid, group=group), now=time.monotonic())
-                out["ledger"].append(clock() - t0)
+            c1, t1 = cpu(), wall()
+            out[kind].append(t1 - t0)
+            out[f"{kind}_cpu"].append(c1 - c0)
+            if not i % 2:
                 assert isinstance(decision, Bound)  # noqa: S101 -- caps leave room by construction
                 manager.ledger.take_events()
             live.append(sid)
             back = live[rng.randrange(len(live))]
-            t0 = clock()
+            t0 = wall()
             await manager.acquire(back, group=None)
-            out["returning"].append(clock() - t0)
+            out["returning"].append(wall() - t0)
         return out
 
     gc.collect()
@@ -129,6 +133,8 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
         "rss_after_mb": round(_rss_mb(), 1),
         "placement_router": _quantiles(timings["router"]),
         "placement_ledger": _quantiles(timings["ledger"]),
+        "placement_router_cpu": _quantiles(timings["router_cpu"]),
+        "placement_ledger_cpu": _quantiles(timings["ledger_cpu"]),
         "returning_turn_router": _quantiles(timings["returning"]),
     }
 
@@ -188,7 +194,7 @@ def _one_pass(
     from rolloutpool.reconcile.status import build_status, events_between  # noqa: PLC0415
 
     def timed(step: str, started: float) -> float:
-        end = time.perf_counter()
+        end = time.process_time()  # CPU time: the figure a shared, loaded machine does not inflate
         steps.setdefault(step, []).append(end - started)
         return end
 
@@ -196,7 +202,7 @@ def _one_pass(
     live = {n: rng.randrange(60, 120) for n in names}
     signals = _signals(names, live, rng, now)
     image = "rolloutpool:bench"
-    t = time.perf_counter()
+    t = time.process_time()
     spec, _ = parse_spec(pool=pool)
     assert spec is not None  # noqa: S101 -- a fixed, valid manifest
     t = timed("parse_spec", t)
@@ -246,18 +252,20 @@ def operator_pass(*, replicas: int, passes: int, seed: int = 0) -> dict[str, Any
     pods = _observed(desired_engine_pods(pool=pool, spec=spec, default_image="rolloutpool:bench"))
     previous = None
     steps: dict[str, list[float]] = {}
-    totals = []
+    walls, cpus = [], []
     for k in range(passes):
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         previous = _one_pass(pool, pods, previous, now=1_780_000_000.0 + 15 * k, rng=rng, steps=steps)
-        totals.append(time.perf_counter() - started)
-    return {
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return {  # the first pass has no previous status: reported apart
         "replicas": replicas,
         "passes": passes,
-        "pass_ms_median": _median_ms(totals[1:] or totals),  # the first pass has no previous status: apart
-        "pass_ms_first": round(1000 * totals[0], 1),
-        "pass_ms_max": round(1000 * max(totals), 1),
-        "steps_ms_median": {k: _median_ms(v[1:] or v) for k, v in steps.items()},
+        "pass_cpu_ms_median": _median_ms(cpus[1:] or cpus),
+        "pass_cpu_ms_max": round(1000 * max(cpus), 1),
+        "pass_wall_ms_median": _median_ms(walls[1:] or walls),
+        "pass_cpu_ms_first": round(1000 * cpus[0], 1),
+        "steps_cpu_ms_median": {k: _median_ms(v[1:] or v) for k, v in steps.items()},
     }
 
 

@@ -2,10 +2,12 @@
 
 Full blocks are identified by a chain hash (parent hash, tokens) supplied by the
 caller; a block with a hash is shareable across requests. Every block not held by a
-request sits in ONE free queue ordered by the time it was freed: allocation pops the
-least recently freed block and, if it was cached, evicts its hash. A finished or
-preempted request's blocks are appended in reverse order, so its tail is evicted
-before its head (as vLLM's ``free_blocks`` does). Cached-but-free blocks count as
+request sits in ONE free queue: allocation pops its front and, if that block was
+cached, evicts its hash. As in vLLM's ``BlockPool.free_blocks``, freed blocks that
+carry a hash are appended to the back in reverse order (a request's tail is evicted
+before its head; cached prefixes leave least recently freed first), while freed
+blocks without a hash go to the FRONT (LIFO reuse of uncached blocks), so no cached
+prefix is evicted while an uncached block is free. Cached-but-free blocks count as
 free in :attr:`usage`, exactly as ``vllm:kv_cache_usage_perc`` counts them.
 
 Hash lists passed in are whole chains: ``hashes[i]`` is the block at depth ``i``.
@@ -25,8 +27,8 @@ counts or chains come to differ, and a split keeps the deeper part in the origin
 object (so the free queue and callers' hints stay valid).
 
 The free queue is a deque of *runs*: one release appends one run (the segments it
-freed, evicted from the deepest block up) and uncached free blocks are runs of a
-count. A segment knows the run it is free in; taking it back removes it from that
+freed, evicted from the deepest block up) and the uncached free blocks are one run of
+a count at its front. A segment knows the run it is free in; taking it back removes it from that
 run's live count, so a run reclaimed whole costs nothing at eviction time.
 ``tests/test_engine.py`` drives this pool and a block-by-block reference in lockstep.
 
@@ -291,6 +293,23 @@ class BlockPool:
             self._cached_free += total
             self._order.append(run)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's ``reset_prefix_cache``, e.g. after a weight update).
+
+        As in vLLM it succeeds only while no request holds a block; otherwise it changes
+        nothing and returns False. A reset is not eviction: :attr:`evictions` is unchanged.
+        """
+        if self.num_used:
+            return False
+        for seg in self._segments():  # orphan them for good: a stale request hint must never match
+            seg.hashes = []
+            seg.run = seg.parent = None
+        self._order = deque([_Run(None, self.capacity)])
+        self._root = _Seg(0, [], 0, None)
+        self._uncached = self.capacity
+        self._cached_free = 0
+        return True
+
     # -- segments -----------------------------------------------------------------------
 
     def _segments(self) -> list[_Seg]:
@@ -345,10 +364,11 @@ class BlockPool:
         return k
 
     def _return_uncached(self, n: int) -> None:
+        """Freed blocks without a hash go to the FRONT of the free queue: reused before any cached block."""
         if n:
             self._uncached += n
-            last = self._order[-1] if self._order else None
-            if last is not None and last.segs is None:
-                last.count += n  # adjacent uncached runs are one run
+            first = self._order[0] if self._order else None
+            if first is not None and first.segs is None:
+                first.count += n  # uncached blocks only ever sit at the front: one run
             else:
-                self._order.append(_Run(None, n))
+                self._order.appendleft(_Run(None, n))

@@ -12,6 +12,9 @@ Behaviours copied from vLLM's V1 scheduler (DESIGN section 5):
 - waiting requests are admitted FIFO under ``max_num_seqs`` and the token budget; the
   prefix-cache hit covers whole blocks of ``sequence[:-1]``; a head that cannot get its
   blocks blocks the queue;
+- the prefix-cache and prompt counters count a request's first admission only: a
+  preempted request re-admitted is not counted again (vLLM keeps those figures in
+  ``PrefixCacheStats.preempted_*``, which it does not export);
 - full blocks are sealed (made shareable) as soon as they are full, prompt or output.
 
 Time is not read here: :meth:`Engine.step` returns the step's duration from the cost
@@ -48,6 +51,7 @@ class Engine:
         self.running: list[Request] = []
         self.counters = EngineCounters()
         self._bs = config.block_size
+        self._caching = config.enable_prefix_caching
         self._kv = 0  # sum of num_computed over the running batch
         # the decode cache (see decode_run_length): valid while only decode runs changed the batch
         self._clock = 0  # decode-run steps applied so far
@@ -156,7 +160,7 @@ class Engine:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             total = req.seq_len
-            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs)
+            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs) if self._caching else (0, 0)
             hit_tokens = hits * bs
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
@@ -166,12 +170,14 @@ class Engine:
             pool.take_cached(req.hashes, hits)
             pool.take_new(need)
             req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
-            self.counters.prefix_queries += total
-            self.counters.prefix_hits += hit_tokens
-            if not req.scheduled_once:
+            if not req.scheduled_once:  # vLLM exports no figure of preempted re-admissions
                 req.scheduled_once = True
                 req.cached_tokens = hit_tokens
-                self.counters.prompt_tokens += req.prompt_len
+                counters = self.counters
+                counters.prefix_queries += total
+                counters.prefix_hits += hit_tokens
+                counters.prompt_tokens += req.prompt_len
+                counters.prompt_tokens_cached += hit_tokens
             self.running.append(req)
             self._kv += hit_tokens
             scheduled.append((req, n_new))
@@ -376,7 +382,7 @@ class Engine:
         budget = self.config.max_num_batched_tokens - len(self.running)
         if budget <= 0:
             return False
-        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs)
+        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs) if self._caching else (0, 0)
         n_new = min(req.seq_len - hits * bs, budget)
         need = _ceil_div(hits * bs + n_new, bs) - hits
         return need <= self.pool.num_free - (hits - held)

@@ -108,13 +108,20 @@ class CacheConfigInfo:
     """Labels of ``vllm:cache_config_info`` (a gauge fixed at 1, without ``model_name``)."""
 
     def __init__(
-        self, *, block_size: int, num_gpu_blocks: int, max_model_len: int, gpu_memory_utilization: float, override: bool
+        self,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        override: bool,
+        enable_prefix_caching: bool = True,
     ) -> None:
         size_tokens = num_gpu_blocks * block_size
         self.labels: dict[str, str] = {
             "block_size": str(block_size),
             "cache_dtype": "auto",
-            "enable_prefix_caching": "True",
+            "enable_prefix_caching": str(enable_prefix_caching),
             "engine": "0",
             "gpu_memory_utilization": str(gpu_memory_utilization),
             "kv_cache_max_concurrency": str(round(size_tokens / max_model_len, 2)),
@@ -164,7 +171,11 @@ class _EngineCollector(Collector):
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens),
-            ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", c.prefix_hits),
+            (
+                "vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local + external).",
+                c.prompt_tokens_cached,
+            ),
             ("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens),
         )
         for name, doc, value in counters:

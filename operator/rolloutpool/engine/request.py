@@ -23,6 +23,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
     cost: CostModel = field(default_factory=CostModel)
+    enable_prefix_caching: bool = True
+    """vLLM's ``--enable-prefix-caching`` (on by default): off, no admission finds a cached block."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -97,7 +99,11 @@ class EngineCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prefix_queries: int = 0
+    """Tokens looked up in the prefix cache at first admissions (``vllm:prefix_cache_queries``)."""
     prefix_hits: int = 0
+    """Of those, tokens found cached (``vllm:prefix_cache_hits``)."""
+    prompt_tokens_cached: int = 0
+    """Cached prompt tokens of first admissions (``vllm:prompt_tokens_cached``)."""
     preemptions: int = 0
     finished_stop: int = 0
     finished_length: int = 0

@@ -29,20 +29,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from rolloutpool.engine.core import EngineConfig
 from rolloutpool.engine.cost import hardware_preset
 from rolloutpool.engine.metrics import CacheConfigInfo
-from rolloutpool.engine.server_protocol import (
-    OpenAIError,
-    chat_chunk,
-    chat_response,
-    completion_chunk,
-    completion_response,
-    parse_chat,
-    parse_completion,
-    parse_json_object,
-    usage,
-    usage_chunk,
-)
-from rolloutpool.engine.server_runtime import EngineRunner, Job
-from rolloutpool.engine.tokenizer import detokenize, generate_ids
+from rolloutpool.engine.server_calls import Call, StreamState, final_body, parse_call
+from rolloutpool.engine.server_protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server_rl import install_rl_api
+from rolloutpool.engine.server_rl_protocol import salt_hash
+from rolloutpool.engine.server_runtime import EngineRunner
+from rolloutpool.engine.tokenizer import generate_ids
 
 __all__ = ["VLLM_COMPAT_VERSION", "ServerConfig", "build_app", "run_server"]
 
@@ -70,6 +62,11 @@ class ServerConfig:
     num_gpu_blocks: int | None = None
     """KV pool size in blocks; ``None`` takes the preset's (scaled to ``block_size``)."""
     block_size: int = 16
+    """Tokens per KV block (vLLM: 16 on GPUs; the CPU backend needs a multiple of 32)."""
+    enable_prefix_caching: bool = True
+    """vLLM's ``--enable-prefix-caching``; reported in ``vllm:cache_config_info``."""
+    prompt_tokens_details: bool = True
+    """vLLM's ``--enable-prompt-tokens-details``: off, ``usage.prompt_tokens_details`` is null."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     time_scale: float = 1.0
@@ -120,6 +117,7 @@ class ServerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             cost=hardware_preset(self.hardware).cost,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
 
@@ -156,6 +154,7 @@ class _Service:
                 max_model_len=config.max_model_len,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 override=config.num_gpu_blocks is not None,
+                enable_prefix_caching=config.enable_prefix_caching,
             ),
         )
         self.faults = random.Random(config.seed)  # noqa: S311 - reproducible fault draws, not cryptography
@@ -206,95 +205,65 @@ class _Service:
             return web.Response(status=503)
         try:
             body = parse_json_object(await request.read())
-            prompt_ids, params = parse_chat(body) if chat else parse_completion(body)
-            if params.model is not None and params.model != cfg.model:
-                raise OpenAIError(404, f"The model `{params.model}` does not exist.", param="model")
-            if len(prompt_ids) >= cfg.max_model_len:
-                raise OpenAIError(
-                    400,
-                    f"This model's maximum context length is {cfg.max_model_len} tokens. However, your request has "
-                    f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages.",
-                    param="messages" if chat else "prompt",
-                )
+            prompts, params = parse_call(body, model=cfg.model, max_model_len=cfg.max_model_len, chat=chat)
         except OpenAIError as exc:
             return _error(exc)
-        max_tokens = min(params.max_tokens, cfg.max_model_len - len(prompt_ids))
-        seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
-        job = self.runner.submit(prompt_ids, generate_ids(prompt_ids, max_tokens, seed=seed))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        call = Call(rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", chat=chat, params=params)
+        salt = salt_hash(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
+        for ids in prompts:  # choice i + n * prompt index, as vLLM numbers them
+            max_tokens = min(params.max_tokens, cfg.max_model_len - len(ids))
+            base_seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
+            for j in range(params.n):
+                seed = hash((base_seed, j)) if j else base_seed
+                job = self.runner.submit(ids, generate_ids(ids, max_tokens, seed=seed), hash_parent=salt)
+                job.changed = call.changed  # one wake-up for every choice of this call
+                call.jobs.append(job)
+                call.prompts.append(ids)
         try:
             if params.stream:
-                return await self._stream(request, job, rid=rid, chat=chat, include_usage=params.include_usage)
-            while not job.done:
-                if not await self._wait(request, job):
+                return await self._stream(request, call)
+            while not all(job.done for job in call.jobs):
+                if not await self._wait(request, call.changed):
                     return web.Response(status=499)  # nobody is listening any more
-            shape = chat_response if chat else completion_response
-            return _json(
-                shape(
-                    rid=rid,
-                    created=int(time.time()),
-                    model=cfg.model,
-                    text=detokenize(job.output_ids[: job.visible]),
-                    finish_reason=job.finish_reason,
-                    usage=self._usage(job),
-                )
-            )
+            return _json(final_body(call, model=cfg.model, details=cfg.prompt_tokens_details, created=int(time.time())))
         finally:
-            self.runner.abort(job)  # a no-op once the request finished
+            for job in call.jobs:
+                self.runner.abort(job)  # a no-op once the request finished
 
-    async def _wait(self, request: web.Request, job: Job) -> bool:
-        """Wait for the job's next publication; False when the client went away or the server stops."""
-        while not job.changed.is_set():
+    async def _wait(self, request: web.Request, changed: asyncio.Event) -> bool:
+        """Wait for the call's next publication; False when the client went away or the server stops."""
+        while not changed.is_set():
             if _gone(request) or self.closing:
                 return False
             try:
                 async with asyncio.timeout(_POLL_S):
-                    await job.changed.wait()
+                    await changed.wait()
             except TimeoutError:
                 continue
-        job.changed.clear()
+        changed.clear()
         return True
 
-    def _usage(self, job: Job) -> dict[str, Any]:
-        req = job.request
-        return usage(prompt_tokens=req.prompt_len, completion_tokens=job.visible, cached_tokens=req.cached_tokens)
-
-    async def _stream(
-        self, request: web.Request, job: Job, *, rid: str, chat: bool, include_usage: bool
-    ) -> web.StreamResponse:
-        model, created = self.config.model, int(time.time())
+    async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
+        """One event per generated token and choice, as vLLM streams; then usage (if asked) and ``[DONE]``."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-
-        def chunk(text: str, finish: str | None, *, first: bool = False) -> dict[str, Any]:
-            if chat:
-                delta = {"role": "assistant", "content": text} if first else {"content": text}
-                return chat_chunk(rid=rid, created=created, model=model, delta=delta, finish_reason=finish)
-            return completion_chunk(rid=rid, created=created, model=model, text=text, finish_reason=finish)
-
+        stream = StreamState(call, model=self.config.model, created=int(time.time()))
         try:
-            if chat:
-                await response.write(_sse(chunk("", None, first=True)))
-            sent = 0
+            for event in stream.opening():
+                await response.write(_sse(event))
             while True:
-                visible, done = job.visible, job.done
-                if visible > sent or done:
-                    text = detokenize(job.output_ids[sent:visible])
-                    await response.write(_sse(chunk(text, job.finish_reason if done else None)))
-                    sent = visible
-                if done:
+                for event in stream.progress():
+                    await response.write(_sse(event))
+                if stream.ended:
                     break
-                if not await self._wait(request, job):
+                if not await self._wait(request, call.changed):
                     return response
-            if include_usage:
-                obj = "chat.completion.chunk" if chat else "text_completion"
-                await response.write(
-                    _sse(usage_chunk(rid=rid, obj=obj, created=created, model=model, usage=self._usage(job)))
-                )
+            if call.params.include_usage:
+                await response.write(_sse(stream.usage_event(details=self.config.prompt_tokens_details)))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:
-            _log.info("Lost streaming client request_id=%s", rid)
+            _log.info("Lost streaming client request_id=%s", call.rid)
         return response
 
 
@@ -325,6 +294,7 @@ def build_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/metrics", service.metrics)
     app.router.add_post("/v1/completions", service.completions)
     app.router.add_post("/v1/chat/completions", service.chat_completions)
+    install_rl_api(app, service.runner, config)  # vLLM's RL API: engine/server_rl.py
 
     async def start(_: web.Application) -> None:
         service.runner.start()

@@ -74,6 +74,8 @@ class EngineRunner:
         self._next_rid = 0
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.frozen = False
+        """No engine step is taken while set (:meth:`freeze`)."""
         self.metrics = EngineMetrics(self.engine, model_name=model_name, cache_info=cache_info)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -97,8 +99,8 @@ class EngineRunner:
     # -- clock -----------------------------------------------------------------------
 
     def now(self) -> float:
-        """Current simulated time: the engine clock while busy, the scaled wall clock while idle."""
-        if self.engine.has_work:
+        """Current simulated time: the engine clock while busy, the scaled wall clock while idle or frozen."""
+        if self.engine.has_work and not self.frozen:
             return self.clock
         return self._sim_anchor + (time.monotonic() - self._wall_anchor) * self.time_scale
 
@@ -109,8 +111,11 @@ class EngineRunner:
 
     # -- intake ----------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], output_ids: list[int]) -> Job:
-        """Queue a request whose output is planned; ``ValueError`` when the prompt does not fit."""
+    def submit(self, prompt_ids: list[int], output_ids: list[int], *, hash_parent: int = 0) -> Job:
+        """Queue a request whose output is planned; ``ValueError`` when the prompt does not fit.
+
+        ``hash_parent`` seeds the block chain (a ``cache_salt``: other salts share no block).
+        """
         bs = self.engine.config.block_size
         rid = self._next_rid
         self._next_rid += 1
@@ -118,7 +123,7 @@ class EngineRunner:
             rid,
             prompt_len=len(prompt_ids),
             max_tokens=len(output_ids),
-            hashes=hash_token_blocks(prompt_ids + output_ids, bs),
+            hashes=hash_token_blocks(prompt_ids + output_ids, bs, parent=hash_parent),
         )
         idle = not self.engine.has_work
         arrival = self.now()
@@ -138,6 +143,30 @@ class EngineRunner:
         job.request.finish_reason = "abort"
         self._finish(job, self.clock)
 
+    def abort_all(self) -> int:
+        """Abort every request in the engine (``/pause?mode=abort``); returns how many."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            self.abort(job)
+        return len(jobs)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the engine, waiting or running."""
+        return len(self._jobs)
+
+    def freeze(self, frozen: bool) -> None:
+        """Stop taking engine steps (``/pause?mode=keep``: requests stay, frozen) or resume them."""
+        if frozen == self.frozen:
+            return
+        if frozen:
+            self._reanchor(self.clock)  # from here the clock follows the wall, as when idle
+            self.frozen = True
+            return
+        self._reanchor(self.now())
+        self.frozen = False
+        self._work.set()
+
     def _finish(self, job: Job, at: float) -> None:
         job.done = True
         self._jobs.pop(job.request.rid, None)
@@ -151,7 +180,7 @@ class EngineRunner:
     async def _run(self) -> None:
         engine = self.engine
         while True:
-            if not engine.has_work:
+            if not engine.has_work or self.frozen:
                 self._work.clear()
                 await self._work.wait()
                 continue

@@ -19,6 +19,7 @@ from typing import Any
 from rolloutpool.handlers.acting import act_engines, apply_router
 from rolloutpool.handlers.context import OperatorContext, PoolMemory
 from rolloutpool.handlers.control import read_metrics
+from rolloutpool.handlers.fleet import publish_assignment
 from rolloutpool.handlers.workers import PoolKey
 from rolloutpool.kube.children import list_children, read_child
 from rolloutpool.kube.status import patch_pool_status, read_pool
@@ -53,7 +54,12 @@ async def observe(context: OperatorContext, memory: PoolMemory, pool: dict[str, 
     urls = router_urls(router_pods)
     stats = await asyncio.to_thread(context.router_stats, urls) if urls else RouterStats({}, 0, 0)
     routers = RouterView(
-        stats.live_sessions, stats.queued_sessions, stats.reachable, stats.quarantined, stats.reachable > 0 or not urls
+        stats.live_sessions,
+        stats.queued_sessions,
+        stats.reachable,
+        stats.quarantined,
+        stats.reachable > 0 or not urls,
+        stats.engine_warnings,
     )
     observed = Observed(pool, pods, deployment, routers, memory.recall(), context.settings, clock, None, router_pods)
     query = metrics_query(observed, now=now)
@@ -76,6 +82,9 @@ async def reconcile_pool(context: OperatorContext, key: PoolKey) -> float | None
     now = time.time()
     observed = await observe(context, memory, pool, now=now)
     decision = decide(observed, now=now)
+    await publish_assignment(  # which router pod places on which engine (a fleet of router replicas)
+        context.kube, namespace=namespace, pool=name, engine_pods=observed.pods, router_pods=observed.router_pods
+    )
     if decision.read_metrics:
         memory.keep_control(decision.control)
         health = decision.control.health

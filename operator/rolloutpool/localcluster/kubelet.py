@@ -48,6 +48,7 @@ from rolloutpool.localcluster.kubelet_node import NodeAgent, call, node_manifest
 from rolloutpool.localcluster.kubelet_pods import PodPreparer, api_target
 from rolloutpool.localcluster.kubelet_runtime import PodRun
 from rolloutpool.localcluster.kubelet_status import pod_status, unsupported_image_status
+from rolloutpool.localcluster.vllm_env import VLLM_IMAGE_PATTERN, vllm_executables
 
 __all__ = ["ProcessKubelet", "default_executables"]
 
@@ -57,10 +58,13 @@ _CONFIG_RETRY_SECONDS = 2.0
 
 
 def default_executables() -> dict[str, str]:
-    """argv[0] names the kubelet runs, resolved: ``rolloutpool`` is this virtualenv's command."""
+    """argv[0] names the kubelet runs, resolved: ``rolloutpool`` is this virtualenv's command.
+
+    ``vllm`` is the cached CPU build's command when it is installed (``vllm_env``).
+    """
     beside = Path(sys.executable).parent / "rolloutpool"
     found = str(beside) if beside.exists() else shutil.which("rolloutpool")
-    return {"rolloutpool": found} if found else {}
+    return ({"rolloutpool": found} if found else {}) | vllm_executables()
 
 
 class ProcessKubelet:
@@ -96,7 +100,7 @@ class ProcessKubelet:
         node_labels: Mapping[str, str] | None = None,
         taints: Sequence[Mapping[str, str]] = (),
         scheduler_name: str = "default-scheduler",
-        images: Sequence[str] = (DEFAULT_IMAGE_PATTERN,),
+        images: Sequence[str] = (DEFAULT_IMAGE_PATTERN, VLLM_IMAGE_PATTERN),
         executables: Mapping[str, str] | None = None,
         host_ip: str = "127.0.0.1",
         pod_subnet: str = "127.0.0.0/24",

@@ -42,6 +42,8 @@ from rolloutpool.localcluster.kubelet_runtime import ContainerRun, Launch
 __all__ = ["ApiTarget", "PodPreparer", "api_target"]
 
 _log = logging.getLogger(__name__)
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+"""The source root (``operator/``) of the ``rolloutpool`` package this kubelet runs."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class PodPreparer:
             "HOSTNAME": meta["name"],
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
+            # "our image" is the checkout running this kubelet (a git worktree too, not only the installed copy)
+            "PYTHONPATH": _SOURCE_ROOT,
         }
         # No KUBERNETES_SERVICE_HOST/PORT: in-cluster loading must fail over to KUBECONFIG (kopf does so); with
         # them set, a host that itself runs in a pod would hand its own /var/run/secrets token to our processes.

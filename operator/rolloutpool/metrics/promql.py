@@ -17,10 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from rolloutpool.autoscale import ReplicaSignals
+from rolloutpool.routing.weights import FLUSHING_OPERATIONS, WEIGHT_UPDATE_OPS_COUNT
 
 __all__ = [
     "ENGINE_KV_USAGE",
     "ENGINE_KV_USAGE_OLD",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "QUERY_NAMES",
     "assemble_signals",
     "build_queries",
@@ -32,6 +35,20 @@ __all__ = [
 
 ENGINE_KV_USAGE: Final = "vllm:kv_cache_usage_perc"
 ENGINE_KV_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"
+PREFIX_CACHE_HITS: Final = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",  # older V1 releases
+    "vllm:prefix_cache_hits",  # counters exposed without the _total suffix
+    "vllm:gpu_prefix_cache_hits",
+)
+"""The prefix-cache hit counter under each name vLLM releases exported, newest first."""
+PREFIX_CACHE_QUERIES: Final = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_queries",
+)
+"""The prefix-cache query counter under each name, newest first."""
 _WAITING: Final = "vllm:num_requests_waiting"
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
@@ -45,6 +62,7 @@ QUERY_NAMES: Final = (
     "reprefill_tokens_per_s",
     "live_sessions",
     "router_sampled_at",
+    "weight_updates",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -77,6 +95,11 @@ def _engine_sum(expr: str) -> str:
     return f"sum by (pod) (max by (pod, engine) ({expr}))"
 
 
+def _engine_sum_or_old(names: tuple[str, ...], selector_range: str) -> str:
+    """The per-pod rate of the first of ``names`` a pod exports (current name first, older ones after)."""
+    return " or ".join(_engine_sum(f"rate({name}{selector_range})") for name in names)
+
+
 def _router_sum(expr: str) -> str:
     # one value per router pod (deduplicated across jobs), summed over router pods
     return f"sum by (replica) (max by (replica, pod) ({expr}))"
@@ -97,6 +120,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     engine = f"namespace={ns}, pod=~{pods}"
     router = f"namespace={ns}, replica=~{pods}"
     w = promql_duration(window_seconds)
+    flushing = promql_string(regex_alternation(sorted(FLUSHING_OPERATIONS)))
     return {
         "kv_usage": (
             f"max by (pod) ({ENGINE_KV_USAGE}{{{engine}}}) or max by (pod) ({ENGINE_KV_USAGE_OLD}{{{engine}}})"
@@ -104,15 +128,18 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "preemptions_per_s": _engine_sum(f"rate(vllm:num_preemptions_total{{{engine}}}[{w}])"),
         "waiting": _engine_sum(f"{_WAITING}{{{engine}}}"),
         "prefix_hit_ratio": (
-            _engine_sum(f"rate(vllm:prefix_cache_hits_total{{{engine}}}[{w}])")
-            + " / "
-            + _engine_sum(f"rate(vllm:prefix_cache_queries_total{{{engine}}}[{w}])")
+            "("
+            + _engine_sum_or_old(PREFIX_CACHE_HITS, f"{{{engine}}}[{w}]")
+            + ") / ("
+            + _engine_sum_or_old(PREFIX_CACHE_QUERIES, f"{{{engine}}}[{w}]")
+            + ")"
         ),
         "cache_config": f"vllm:cache_config_info{{{engine}}}",
         "engine_sampled_at": f"max by (pod) (timestamp({_WAITING}{{{engine}}}))",
         "reprefill_tokens_per_s": _router_sum(f"rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}])"),
         "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
+        "weight_updates": _engine_sum(f"increase({WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"),
     }
 
 
@@ -171,7 +198,14 @@ def assemble_signals(
     """
     by_pod = {
         name: sample_values(results.get(name, ()), label="pod")
-        for name in ("kv_usage", "preemptions_per_s", "waiting", "prefix_hit_ratio", "engine_sampled_at")
+        for name in (
+            "kv_usage",
+            "preemptions_per_s",
+            "waiting",
+            "prefix_hit_ratio",
+            "engine_sampled_at",
+            "weight_updates",
+        )
     }
     by_replica = {
         name: sample_values(results.get(name, ()), label="replica")
@@ -199,5 +233,6 @@ def assemble_signals(
             kv_capacity_tokens=capacity.get(replica),
             live_sessions=None if live is None else round(live),
             sampled_at=max(times) if times else None,
+            weight_updates=_finite(by_pod["weight_updates"].get(replica)),
         )
     return signals

@@ -23,6 +23,7 @@ __all__ = ["RouterSample", "RouterStats", "metrics_url", "parse_router_metrics",
 _LIVE = "rolloutpool_router_live_sessions"
 _QUEUE = "rolloutpool_router_queue_depth"
 _PRESSURE = "rolloutpool_router_replica_pressure"
+_ENGINE_WARNING = "rolloutpool_router_replica_engine_warning"
 _MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -41,6 +42,9 @@ class RouterStats:
     quarantined: dict[str, str] = field(default_factory=dict)
     """Replica -> reason, for each replica that an answering router quarantines by itself (its fast
     loop; ``rolloutpool_router_replica_pressure``). The first router in URL order names the reason."""
+    engine_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Replica -> what its engine does not report, per any answering router (``NoCachedTokens``,
+    ``PrefixCachingOff``; ``rolloutpool_router_replica_engine_warning``)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class RouterSample:
     """Admission queue depth."""
     quarantined: dict[str, str] = field(default_factory=dict)
     """Replica -> reason, while the router's own fast loop quarantines it."""
+    engine_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Replica -> engine warnings the router raises (sorted)."""
 
 
 def metrics_url(url: str) -> str:
@@ -70,6 +76,7 @@ def parse_router_metrics(text: str) -> RouterSample:
     live: dict[str, int] = {}
     queued = 0
     quarantined: dict[str, str] = {}
+    warnings: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             replica = sample.labels.get("replica")
@@ -79,7 +86,14 @@ def parse_router_metrics(text: str) -> RouterSample:
                 queued += round(sample.value)
             elif sample.name == _PRESSURE and replica is not None and sample.value > 0:
                 quarantined.setdefault(replica, sample.labels.get("reason") or "Unknown")
-    return RouterSample(live_sessions=live, queued_sessions=queued, quarantined=quarantined)
+            elif sample.name == _ENGINE_WARNING and replica is not None and sample.value > 0:
+                warnings.setdefault(replica, set()).add(sample.labels.get("warning") or "Unknown")
+    return RouterSample(
+        live_sessions=live,
+        queued_sessions=queued,
+        quarantined=quarantined,
+        engine_warnings={r: tuple(sorted(w)) for r, w in warnings.items()},
+    )
 
 
 def _fetch(url: str, *, timeout_seconds: float) -> str:
@@ -98,6 +112,7 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
     live: dict[str, int] = {}
     queued = 0
     quarantined: dict[str, str] = {}
+    warnings: dict[str, tuple[str, ...]] = {}
     reachable = 0
     errors: list[str] = []
     for url in urls:
@@ -117,10 +132,13 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
             live[replica] = live.get(replica, 0) + count
         for replica, reason in sample.quarantined.items():
             quarantined.setdefault(replica, reason)
+        for replica, found in sample.engine_warnings.items():
+            warnings[replica] = tuple(sorted({*warnings.get(replica, ()), *found}))
     return RouterStats(
         live_sessions=live,
         queued_sessions=queued,
         reachable=reachable,
         errors=tuple(errors),
         quarantined=quarantined,
+        engine_warnings=warnings,
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import API_GROUP, PLURAL
+from rolloutpool.reconcile.engine_pod import apply_engine_fields
 from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
     ENGINE_PORT,
@@ -27,6 +28,7 @@ from rolloutpool.reconcile.labels import (
     pool_labels,
     router_match_labels,
     router_name,
+    router_selector,
 )
 
 __all__ = [
@@ -228,7 +230,8 @@ def engine_pod(*, pool: Mapping[str, Any], spec: RolloutPoolSpec, index: int, de
         pod_spec["nodeSelector"] = dict(engine.node_selector)
     if engine.tolerations:
         pod_spec["tolerations"] = copy.deepcopy(engine.tolerations)
-    return with_spec_hash({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return with_spec_hash(apply_engine_fields(pod, engine))  # GPU-cluster fields and podTemplate (engine_pod.py)
 
 
 def desired_engine_pods(
@@ -259,6 +262,8 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
+    if router.replicas > 1:  # one fleet: each pod owns the engines the operator assigns it (router/fleet.py)
+        args += ["--self-name=$(POD_NAME)", f"--peer-selector={router_selector(pool_name)}"]
     return args
 
 

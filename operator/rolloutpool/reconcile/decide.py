@@ -66,6 +66,8 @@ class RouterView:
     reachable: int = 0
     quarantined: Mapping[str, str] = field(default_factory=dict)
     known: bool = True
+    engine_warnings: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """What replicas' engines do not report (``NoCachedTokens``, ``PrefixCachingOff``), by replica."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +314,7 @@ def decide(observed: Observed, *, now: float) -> PassDecision:
         plan=plan,
         router_deployment=observed.deployment,
         router_quarantined=routers.quarantined if routers.reachable else None,
+        engine_warnings=routers.engine_warnings,
     )
     return PassDecision(
         status=status,

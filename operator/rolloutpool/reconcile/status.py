@@ -27,6 +27,7 @@ from rolloutpool.reconcile.caps import estimated_kv_capacity_tokens
 from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_detail, set_condition
 from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating
 from rolloutpool.reconcile.labels import engine_index, engine_selector
+from rolloutpool.routing.discovery import replica_event
 
 __all__ = [
     "FAILING_REASONS",
@@ -147,6 +148,7 @@ def _replica_entry(
         name=name,
         index=index,
         ready=is_ready(pod),
+        endpoint=replica_event("MODIFIED", dict(pod)).url,  # the engine's URL, as the router discovers it
         live_sessions=max(0, live),
         kv_capacity_tokens=capacity,
         kv_usage=None if usage is None or not math.isfinite(usage) else min(1.0, max(0.0, usage)),
@@ -267,6 +269,7 @@ def build_status(
     router_deployment: Mapping[str, Any] | None = None,
     router_quarantined: Mapping[str, str] | None = None,
     router_hold_seconds: float = ROUTER_QUARANTINE_HOLD_SECONDS,
+    engine_warnings: Mapping[str, Sequence[str]] | None = None,
 ) -> RolloutPoolStatus:
     """The whole status of a pool from what was observed in this pass (pure).
 
@@ -277,6 +280,7 @@ def build_status(
     ``router_deployment`` the observed router Deployment (``Ready`` needs it available);
     ``router_quarantined`` replica -> reason for the replicas the answering routers quarantine by
     themselves, None when no router answered (see :func:`router_quarantine`).
+    ``engine_warnings`` replica -> what its engine does not report (the routers' view).
     With ``spec_error`` set, ``Ready`` is False with a reason naming the field.
     """
     meta = pool.get("metadata") or {}
@@ -318,6 +322,8 @@ def build_status(
                 ),
             )
         )
+        if engine_warnings and engine_warnings.get(pod_name):
+            entries[-1] = entries[-1].model_copy(update={"engine_warnings": list(engine_warnings[pod_name])})
 
     verdicts = _verdicts(
         spec=spec,

@@ -4,6 +4,19 @@
   reason, readiness, draining, in-flight requests and the last scraped signals.
 - ``POST /admin/replicas/{name}/drain`` (``?undo=true`` to undo): no new sessions,
   existing ones stay until released.
+- ``/admin/rl/{call}`` (any method; ``call`` one of
+  :data:`~rolloutpool.routing.weights.WEIGHT_SYNC_CALLS`: ``pause``, ``resume``,
+  ``update_weights``, ``update_weight_version``, ``reset_prefix_cache``, ...): one URL
+  for the fleet's weight-sync calls. The call, its query (``mode``, ``clear_cache``, ...)
+  and its body go to every ready replica in parallel, each with its own timeout
+  (``?timeout_s=``, default :data:`FAN_OUT_TIMEOUT_S`; the router keeps that parameter).
+  The answer lists every replica: ``status`` (the engine's HTTP status, or null),
+  ``ok`` (a 2xx), ``error`` (``timeout``, ``unreachable: ...``), ``elapsed_s`` and
+  the engine's ``body``. Its status: 200 when every replica answered 2xx, 207 when
+  some did and some did not (partial failure: retry the failed ones), 502 when none
+  did, 503 when no replica is ready. Unready replicas are listed in ``skipped``. A
+  flushing call that succeeded on a replica tells the router of the flush, so the
+  re-prefill that follows is not taken for eviction (:mod:`rolloutpool.routing.weights`).
 
 Without ``admin_token`` configured the admin API is disabled (403). The token is
 compared in constant time and never logged.
@@ -11,23 +24,48 @@ compared in constant time and never logged.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.sessions import SessionManager
+from rolloutpool.routing.weights import WEIGHT_SYNC_CALLS, call_flushes
 
-__all__ = ["AdminAPI"]
+__all__ = ["FAN_OUT_TIMEOUT_S", "AdminAPI", "fan_out_status"]
+
+_log = logging.getLogger(__name__)
+
+FAN_OUT_TIMEOUT_S = 300.0
+"""Default per-replica timeout of a fanned-out weight-sync call (a real weight load takes minutes)."""
+
+
+def fan_out_status(*, ok: int, failed: int) -> int:
+    """HTTP status of a fan-out answer (pure): 200 all ok, 207 partial, 502 none ok, 503 nobody to ask."""
+    if ok + failed == 0:
+        return 503
+    if failed == 0:
+        return 200
+    return 207 if ok else 502
 
 
 class AdminAPI:
     """Handlers of ``/admin``."""
 
-    def __init__(self, manager: SessionManager, token: str | None) -> None:
+    def __init__(
+        self, manager: SessionManager, token: str | None, *, client: Callable[[], aiohttp.ClientSession] | None = None
+    ) -> None:
         self.manager = manager
         self._token = token
+        self._client = client
+        """The upstream HTTP client (the proxy's), for the fan-out."""
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if not self._token:  # None or empty: disabled (an empty token would match "Bearer ")
@@ -80,3 +118,98 @@ class AdminAPI:
         replica = self.manager.replica(name)
         body = {"name": name, "draining": replica.draining, "live_sessions": replica.live}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def fan_out(self, request: web.Request) -> web.Response:
+        """``/admin/rl/{call}``: one weight-sync call to every ready replica, answered per replica."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        call = request.match_info["call"]
+        if call not in WEIGHT_SYNC_CALLS:
+            known = ", ".join(WEIGHT_SYNC_CALLS)
+            return error_response(404, f"Unknown weight-sync call {call!r}; known: {known}.", param="call")
+        query = {k: v for k, v in request.query.items() if k != "timeout_s"}
+        try:
+            timeout_s = float(request.query.get("timeout_s", FAN_OUT_TIMEOUT_S))
+            if not timeout_s > 0:
+                raise ValueError
+        except ValueError:
+            return error_response(400, "`timeout_s` must be a positive number of seconds.", param="timeout_s")
+        if self._client is None:  # pragma: no cover - wired by the application
+            return error_response(503, "The fan-out has no upstream client.")
+        body = await request.read() if request.can_read_body else b""
+        ready = [r.name for r in self.manager.table.replicas.values() if r.ready]
+        skipped = sorted(r.name for r in self.manager.table.replicas.values() if not r.ready)
+        client = self._client()
+        started = time.perf_counter()
+        rows = await asyncio.gather(
+            *(
+                self._call_one(
+                    client, name, method=request.method, call=call, query=query, body=body, timeout_s=timeout_s
+                )
+                for name in ready
+            )
+        )
+        ok = sum(1 for row in rows if row["ok"])
+        if call_flushes(call, query):
+            for row in rows:
+                if row["ok"]:
+                    self.manager.weights.flushed(row["name"], now=self.manager.clock())
+        status = fan_out_status(ok=ok, failed=len(rows) - ok)
+        _log.info(
+            "Fanned out weight-sync call call=%s query=%s ok=%d failed=%d skipped=%d elapsed_s=%.3f",
+            call,
+            query,
+            ok,
+            len(rows) - ok,
+            len(skipped),
+            time.perf_counter() - started,
+        )
+        answer = {"call": call, "query": query, "ok": ok, "failed": len(rows) - ok, "replicas": rows}
+        answer["skipped"] = skipped
+        return web.Response(text=json.dumps(answer), status=status, content_type="application/json")
+
+    async def _call_one(
+        self,
+        client: aiohttp.ClientSession,
+        name: str,
+        *,
+        method: str,
+        call: str,
+        query: dict[str, str],
+        body: bytes,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        runtime = self.manager.runtime.get(name)
+        row: dict[str, Any] = {"name": name, "url": None, "status": None, "ok": False, "error": None, "body": None}
+        if runtime is None:
+            row["error"] = "removed"
+            return row
+        row["url"] = runtime.spec.url
+        started = time.perf_counter()
+        headers = {"Content-Type": "application/json"} if body else {}
+        try:
+            async with client.request(
+                method,
+                f"{runtime.spec.url}/{call}",
+                params=query,
+                data=body or None,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                raw = await resp.read()
+                row["status"] = resp.status
+                row["ok"] = 200 <= resp.status < 300
+                try:
+                    row["body"] = json.loads(raw) if raw else None
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    row["body"] = raw.decode(errors="replace")[:2000]
+        except TimeoutError:
+            row["error"] = f"timeout after {timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            row["error"] = f"unreachable: {type(exc).__name__}"
+        row["elapsed_s"] = round(time.perf_counter() - started, 3)
+        if not row["ok"]:
+            _log.warning(
+                "Failed weight-sync call replica=%s call=%s status=%s error=%s", name, call, row["status"], row["error"]
+            )
+        return row

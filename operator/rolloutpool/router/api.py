@@ -3,9 +3,19 @@
 - ``POST /v1/sessions`` ``{session_id?, group?}`` -> ``{session_id, replica: {name, url}, created}``,
   for clients that talk to the engines themselves; same caps and admission queue.
 - ``GET /v1/sessions/{id}``: where a live session is.
-- ``DELETE /v1/sessions/{id}`` and ``POST /finish_session?session_id=ID`` (the
-  vllm-router spelling; the id may also be in a JSON body) release a session.
-  An unknown id is a 404 and changes nothing, so a double release is a 404 too.
+- ``DELETE /v1/sessions/{id}``: the strict release. It releases at once (a request
+  still in flight finishes, unmeasured), and an unknown id is a 404 that changes
+  nothing, so a double release is a 404 too.
+- ``POST /finish_session?session_id=ID`` (the vllm-router spelling; the id may also be
+  in a JSON body): the forgiving release RL clients call on every exit path. Always
+  200 for a given id, as vllm-router answers (``{"status": "ok", "session_id": ID}``),
+  plus ``released`` (a live session was found and is released) and ``deferred``
+  (it had a turn in flight: it is released when that turn ends, after its usage is
+  measured; the call never waits). Idempotent: a repeated or unknown id answers
+  ``released: false`` and changes nothing. The next request with the same id after
+  the release is a new session. A missing id is a 400, as vllm-router answers.
+- ``GET /health``: what RL frameworks poll. 200 when a new session could be placed
+  now (a ready, undrained, unquarantined replica under its cap), 503 otherwise.
 """
 
 from __future__ import annotations
@@ -83,7 +93,23 @@ class SessionAPI:
             sid = body.get("session_id")
         if not isinstance(sid, str) or not sid:
             return error_response(400, "Give the session to finish as ?session_id=ID.", param="session_id")
-        return self._release(sid, how="finish_session")
+        session, deferred = self.manager.release_when_idle(sid, how="finish_session")
+        answer = {
+            "status": "ok",
+            "session_id": sid,
+            "released": session is not None,
+            "deferred": deferred,
+            "replica": None if session is None else session.replica,
+        }
+        return _json(answer)
+
+    async def health(self, _: web.Request) -> web.Response:
+        """``GET /health``: 200 when a new session could be placed now, 503 otherwise."""
+        replicas = self.manager.table.replicas.values()
+        placeable = any(r.accepts_new() for r in replicas)
+        ready = sum(r.ready for r in replicas)
+        body = {"status": "ok" if placeable else "unavailable", "placeable": placeable, "ready_replicas": ready}
+        return _json(body, status=200 if placeable else 503)
 
     def _release(self, sid: str, *, how: str) -> web.Response:
         session = self.manager.release(sid, how=how)

@@ -15,37 +15,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+import uvloop
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram
 
 from rolloutpool.router.admin import AdminAPI
 from rolloutpool.router.api import SessionAPI
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
+from rolloutpool.router.fleet import Fleet
 from rolloutpool.router.metrics import RouterMetrics
-from rolloutpool.router.proxy import Proxy
+from rolloutpool.router.proxy import JSON_PATHS, Proxy
 from rolloutpool.router.renewal import Renewer
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
 from rolloutpool.router.types import ClientFactory, Clock, Discovery, LimitsSource
 
-__all__ = ["ROUTER", "RouterService", "build_app", "run_router"]
+__all__ = ["OWNED_PREFIXES", "ROUTER", "RouterService", "build_app", "run_router"]
 
 _log = logging.getLogger(__name__)
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+OWNED_PREFIXES = ("/v1/sessions", "/finish_session", "/admin", "/health", "/healthz", "/readyz", "/metrics")
+"""Paths the router answers itself: never forwarded (an unserved method there is a 405)."""
+_FORWARDED = "/{path:.*}"
+_FORWARDED_CANONICAL = "/{path}"
+
 
 def _default_client() -> aiohttp.ClientSession:
-    # No connection limit: thousands of sessions may have a request in flight at once.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    """The upstream client: one keep-alive pool per replica, reused across requests."""
+    connector = aiohttp.TCPConnector(
+        limit=0,  # no connection limit: thousands of sessions may have a request in flight at once
+        limit_per_host=0,
+        keepalive_timeout=60.0,  # keep idle connections to the engines longer than aiohttp's 15 s
+        ttl_dns_cache=None,  # replica URLs are fixed per pod; resolve once
+    )
+    # no auto-headers but Accept-Encoding's defaults: the client's own headers are forwarded as they came
+    return aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
 
 
 class RouterService:
@@ -67,7 +82,7 @@ class RouterService:
         self.renewer = None if config.renew_every_s is None else Renewer(self.manager, every_s=config.renew_every_s)
         self.proxy.renewer = self.renewer
         self.sessions = SessionAPI(self.manager)
-        self.admin = AdminAPI(self.manager, config.admin_token)
+        self.admin = AdminAPI(self.manager, config.admin_token, client=lambda: self.proxy.client)
         self.writer: SnapshotWriter | None = None
         self._client_factory = client_factory
         self._discovery = discovery
@@ -75,6 +90,7 @@ class RouterService:
         self._restored = False
         self._client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._latency: dict[tuple[str, int], Histogram] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -159,6 +175,7 @@ class RouterService:
             await self.renewer.close()
         if self.writer is not None:
             await self.writer.close()
+        self.proxy.close()
         if self._client is not None:
             await self._client.close()
         _log.info("Stopped router sessions=%d", len(self.manager.table.sessions))
@@ -194,8 +211,6 @@ class RouterService:
     async def observe(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         """Time every request; answer unknown routes and unexpected errors in the OpenAI error shape."""
         started = time.perf_counter()
-        resource = request.match_info.route.resource
-        endpoint = resource.canonical if resource is not None else "unmatched"
         status = 500
         try:
             response = await handler(request)
@@ -208,7 +223,17 @@ class RouterService:
             _log.exception("Failed request path=%s", request.path)
             return error_response(500, f"Internal router error: {type(exc).__name__}")
         finally:
-            self.metrics.request_latency.labels(endpoint, str(status)).observe(time.perf_counter() - started)
+            resource = request.match_info.route.resource
+            endpoint = resource.canonical if resource is not None else "unmatched"
+            if (
+                endpoint == _FORWARDED_CANONICAL
+            ):  # a known engine path names itself; any other is "other" (bounded labels)
+                endpoint = request.path if request.path in JSON_PATHS else "other"
+            key = (endpoint, status)
+            child = self._latency.get(key)
+            if child is None:  # one label lookup per (endpoint, status), not per request
+                child = self._latency[key] = self.metrics.request_latency.labels(key[0], str(status))
+            child.observe(time.perf_counter() - started)
 
 
 ROUTER = web.AppKey("rolloutpool_router", RouterService)
@@ -222,6 +247,7 @@ def build_app(
     client_factory: ClientFactory = _default_client,
     discovery: Discovery | None = None,
     limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
 ) -> web.Application:
     """The router application; its loops run between startup and cleanup.
 
@@ -234,9 +260,10 @@ def build_app(
     service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
     app[ROUTER] = service
+    if fleet is not None:  # one of N routers: forward sessions owned elsewhere (router/fleet.py)
+        fleet.install(app, manager=service.manager, proxy=service.proxy)
     add = app.router
-    add.add_post("/v1/completions", service.proxy.completions)
-    add.add_post("/v1/chat/completions", service.proxy.chat_completions)
+    # -- routes the router owns (its session API, admin API, health, metrics) -------------
     add.add_get("/v1/models", service.proxy.models)
     add.add_post("/v1/sessions", service.sessions.place)
     add.add_get("/v1/sessions/{session_id}", service.sessions.get)
@@ -247,13 +274,27 @@ def build_app(
     add.add_get("/healthz", service.healthz)
     add.add_get("/readyz", service.readyz)
     add.add_get("/metrics", service.prometheus)
+    # vllm-router drop-in: the health RL frameworks poll; one URL for the fleet's weight-sync calls
+    add.add_get("/health", service.sessions.health)
+    add.add_route("*", "/admin/rl/{call}", service.admin.fan_out)
+    # -- every other path and method: forwarded to the session's replica (registered last, matched last)
+    service.proxy.owned = OWNED_PREFIXES
+    for path in sorted(JSON_PATHS):  # plain routes resolve by one dict lookup, before the pattern below
+        add.add_route("*", path, service.proxy.forward)
+    add.add_route("*", _FORWARDED, service.proxy.forward)
     app.on_startup.append(service.start)
     app.on_shutdown.append(service.shutdown)
     app.on_cleanup.append(service.cleanup)
     return app
 
 
-def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limits: LimitsSource | None = None) -> None:
+def run_router(
+    config: RouterConfig,
+    *,
+    discovery: Discovery | None = None,
+    limits: LimitsSource | None = None,
+    fleet: Fleet | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (blocking; for the CLI)."""
     _log.info(
         "Starting router host=%s port=%d replicas=%s admin=%s state=%s renew_every_s=%s",
@@ -264,8 +305,14 @@ def run_router(config: RouterConfig, *, discovery: Discovery | None = None, limi
         config.state_path,
         config.renew_every_s,
     )
+    app = build_app(config, discovery=discovery, limits=limits, fleet=fleet)
+    # Start-up objects never become garbage: keep them out of every collection, and collect young
+    # objects less often (each request allocates a few hundred; few of them form cycles).
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     web.run_app(
-        build_app(config, discovery=discovery, limits=limits),
+        app,
+        loop=uvloop.new_event_loop(),  # libuv's loop: cheaper socket writes and callbacks than asyncio's
         host=config.host,
         port=config.port,
         shutdown_timeout=config.shutdown_timeout_s,

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from rolloutpool.routing.caps import CapRule, effective_cap
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
 
 __all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica", "resolve_cap"]
 
@@ -81,6 +82,8 @@ class RouterConfig:
     group_header: str = "X-Session-Group"
     final_header: str = "X-Session-Final"
     """``true`` on a request releases its session after the response."""
+    session_body_fields: tuple[str, ...] = DEFAULT_BODY_FIELDS
+    """Body fields (dotted) read for the session key, in order, when no ``session_header`` carries it."""
     idle_timeout_s: float = 1800.0
     """A session idle this long is released (the safety net, never the main path)."""
     expiry_interval_s: float = 5.0
@@ -125,6 +128,7 @@ class RouterConfig:
     """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
 
     def __post_init__(self) -> None:
+        parse_fields(self.session_body_fields)  # raises ValueError on a malformed field name
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: empty; give a non-empty token or none (admin API disabled)")
         if not self.replicas and not self.discovery:

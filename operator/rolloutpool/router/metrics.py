@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -128,6 +128,18 @@ class RouterMetrics:
         )
         self.upstream_errors = Counter(
             f"{PREFIX}upstream_errors", "Failed upstream requests", ["replica", "kind"], registry=r
+        )
+        self.missing_cached_tokens = Counter(
+            f"{PREFIX}responses_without_cached_tokens",
+            "Responses whose usage.prompt_tokens_details carried no cached_tokens (re-prefill undetectable)",
+            ["replica"],
+            registry=r,
+        )
+        self.engine_warnings = Gauge(
+            f"{PREFIX}replica_engine_warning",
+            "1 while a replica's engine blinds the re-prefill signal (NoCachedTokens, PrefixCachingOff)",
+            ["replica", "warning"],
+            registry=r,
         )
         self.scrape_failures = Counter(
             f"{PREFIX}scrape_failures", "Failed scrapes of a replica's /metrics", ["replica"], registry=r

@@ -1,52 +1,71 @@
-"""The OpenAI-compatible proxy: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+"""The data path: every engine path, forwarded to the replica of its session (DESIGN sections 3 and 10).
 
-A generation request is validated just enough to route it (a JSON object naming a
-model), its session is looked up or placed (possibly after waiting in the
-admission queue), and the body is forwarded unchanged to the session's replica;
-streams are relayed event by event. The response's ``usage`` feeds the fast loop:
-a returning session whose ``cached_tokens`` fell short of its previous context
-was re-prefilled, which may quarantine the replica.
+One handler serves every path the router does not own itself (its session and
+admin API, health, metrics): ``/v1/completions``, ``/v1/chat/completions``, vLLM's
+``/inference/v1/generate``, ``/v1/responses``, ``/tokenize``, ... and paths nobody
+listed, any method. Each request: its session key (the header, else the body:
+:mod:`rolloutpool.routing.sessionkey`), then the session's replica, placed under
+caps through the admission queue when new, then the received bytes forwarded
+unchanged (:mod:`rolloutpool.routing.requestbody` reads the few fields routing
+needs without decoding the body). A request without a key is a one-turn session
+released when it ends.
+
+Every response carrying the OpenAI ``usage`` object (any path; the final chunk of a
+stream) feeds the fast loop: a returning session whose ``cached_tokens`` fell short
+of its previous context was re-prefilled, which may quarantine the replica.
+Responses pass through unchanged (status, body, headers but the hop-by-hop ones);
+the router adds ``X-RolloutPool-Replica``.
 
 Streams: when the client did not ask for ``stream_options.include_usage`` (and
-``measure_streams`` is on) the router asks for it and drops the extra final usage
-chunk, so the client sees exactly the stream it asked for while every turn is
-measured.
+``measure_streams`` is on) on a path that takes it, the router asks for it and
+drops that extra final usage chunk, so the client sees exactly the stream it asked
+for while every turn is measured (:mod:`rolloutpool.router.relay`).
 
 Failures: an upstream that cannot be reached or dies mid-stream is a 502 (or an
 error event ending the stream), its session is unbound so that the next turn is
 placed again, and the replica takes no new sessions until its next good scrape.
 An upstream silent for ``upstream_timeout_s`` is a 504 and its session is unbound.
-Errors the engine answers itself (4xx/5xx JSON) pass through untouched.
+Errors the engine answers itself (any status, e.g. a 404 for a path it lacks) pass
+through untouched and change no count.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
+import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from rolloutpool.router.config import RouterConfig
 from rolloutpool.router.errors import error_body, error_response
+from rolloutpool.router.relay import EventRelay, parse_usage, response_usage
 from rolloutpool.router.renewal_body import TextCollector, response_text
-from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager, Usage
+from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager
 from rolloutpool.router.types import JSONObject
+from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from rolloutpool.routing.requestbody import BodyError, RequestBody, read_body
+from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, parse_fields
 from rolloutpool.routing.table import Session
 
 if TYPE_CHECKING:
+    from rolloutpool.router.fleet import Fleet
     from rolloutpool.router.renewal import Renewer
 
 __all__ = [
+    "JSON_PATHS",
+    "OPENAI_PATHS",
     "REPLICA_HEADER",
+    "USAGE_STREAM_PATHS",
     "EventRelay",
     "Proxy",
     "admission_response",
     "parse_usage",
     "read_json_object",
-    "session_key",
     "upstream_timeout",
 ]
 
@@ -55,55 +74,59 @@ _log = logging.getLogger(__name__)
 REPLICA_HEADER = "X-RolloutPool-Replica"
 """Response header naming the replica that served the request."""
 
-_FORWARDED_HEADERS = ("Authorization", "Accept", "X-Request-Id", "traceparent", "tracestate")
-_TRUE = {"1", "true", "yes", "on"}
+OPENAI_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
+"""Generation paths whose body must name a model, and whose answers feed prefix renewal."""
+USAGE_STREAM_PATHS = OPENAI_PATHS | {"/inference/v1/generate"}
+"""Paths that take ``stream_options.include_usage`` (the router may inject it)."""
+JSON_PATHS = USAGE_STREAM_PATHS | {
+    "/v1/responses",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/tokenize",
+    "/detokenize",
+    "/skyrl/v1/generate",
+    "/v1/messages",
+}
+"""Paths that take a JSON object: a body that is not one is the router's 400 (elsewhere it is forwarded)."""
 
-
-def parse_usage(obj: Any) -> Usage | None:
-    """The usage of a response or usage chunk, or None (pure)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
-        return None
-    usage = obj["usage"]
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt, completion, cached if isinstance(cached, int) else None)
-
-
-def session_key(headers: Any, body: JSONObject, *, header: str) -> str | None:
-    """The session id: the header, then body ``session_id``, then ``session_params.session_id`` (pure)."""
-    value = headers.get(header)
-    if value:
-        return str(value).strip() or None
-    for holder in (body, body.get("session_params")):
-        if isinstance(holder, dict):
-            sid = holder.get("session_id")
-            if isinstance(sid, (str, int)) and not isinstance(sid, bool) and str(sid):
-                return str(sid)
-    return None
+# hop-by-hop (RFC 9110 7.6.1) and what the client library sets itself
+# (and Accept-Encoding: the engine answers uncompressed, so that the router can read usage)
+_REQUEST_SKIP = frozenset(
+    (
+        "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "expect",
+        "trailer", "proxy-connection", "accept-encoding",
+    )
+)  # fmt: skip
+_RESPONSE_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"))
+_TRUE = frozenset(("1", "true", "yes", "on"))
 
 
 async def read_json_object(
     request: web.Request, *, max_bytes: int, allow_empty: bool = False
 ) -> JSONObject | web.Response:
-    """The request body as a JSON object, or the 400/413 error response to send."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        return error_response(413, f"Request body of {request.content_length} bytes exceeds the limit of {max_bytes}.")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, f"Request body exceeds the limit of {max_bytes} bytes.")
+    """The request body as a JSON object, or the 400/413 error response to send (the router's own API)."""
+    raw = await read_raw(request, max_bytes=max_bytes)
+    if isinstance(raw, web.Response):
+        return raw
     if allow_empty and not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         return error_response(400, f"Invalid JSON body: {exc}")
     if not isinstance(body, dict):
         return error_response(400, "The request body must be a JSON object.")
     return body
+
+
+async def read_raw(request: web.Request, *, max_bytes: int) -> bytes | web.Response:
+    """The request body's bytes, or the 413 error response to send."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        return error_response(413, f"Request body of {request.content_length} bytes exceeds the limit of {max_bytes}.")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"Request body exceeds the limit of {max_bytes} bytes.")
 
 
 def upstream_timeout(config: RouterConfig) -> aiohttp.ClientTimeout:
@@ -122,74 +145,40 @@ def admission_response(exc: AdmissionError, config: RouterConfig) -> web.Respons
     return error_response(status, str(exc), headers={"Retry-After": str(config.retry_after_s)})
 
 
-class EventRelay:
-    """Splits an SSE byte stream into events, records the usage chunk and optionally drops it.
-
-    With a ``collector`` (prefix renewal on) every event is decoded and handed to it, to
-    accumulate the generated text; without one only events that mention ``usage`` are.
-    """
-
-    def __init__(self, *, drop_usage_chunk: bool, collector: TextCollector | None = None) -> None:
-        self.drop_usage_chunk = drop_usage_chunk
-        self.collector = collector
-        self.usage: Usage | None = None
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        """Bytes to forward for ``data`` (whole events only; the rest waits for more)."""
-        self._buffer += data
-        out = bytearray()
-        while True:
-            end = self._event_end()
-            if end < 0:
-                return bytes(out)
-            event = bytes(self._buffer[:end])
-            del self._buffer[:end]
-            if self._keep(event):
-                out += event
-
-    def close(self) -> bytes:
-        """Whatever remains at the end of the stream."""
-        rest = bytes(self._buffer)
-        self._buffer.clear()
-        return rest
-
-    def _event_end(self) -> int:
-        ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := self._buffer.find(sep)) >= 0]
-        return min(ends) if ends else -1
-
-    def _keep(self, event: bytes) -> bool:
-        if self.collector is None and b'"usage"' not in event:
-            return True
-        payload = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-        try:
-            obj = json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return True  # e.g. [DONE]
-        if self.collector is not None:
-            self.collector.feed(obj)
-        usage = parse_usage(obj)
-        if usage is None:
-            return True
-        self.usage = usage
-        return not (self.drop_usage_chunk and obj.get("choices") == [])
-
-
 class Proxy:
-    """Handlers of the OpenAI endpoints."""
+    """The forwarding handler (any engine path) and ``GET /v1/models``."""
 
     def __init__(self, manager: SessionManager) -> None:
         self.manager = manager
         self._client: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self.renewer: Renewer | None = None
         """Prefix renewal (``renew_every_s``), told about the turns of sessions with an explicit id."""
+        self.fleet: Fleet | None = None
+        """One of N routers (``router/fleet.py``): a session owned by another router is forwarded to it."""
         self.config = manager.config
         self.metrics = manager.metrics
+        self.owned: tuple[str, ...] = ()
+        """Path prefixes the router serves itself: a method it does not serve there is a 405, not forwarded."""
         self._timeout = upstream_timeout(self.config)
+        self._fields = parse_fields(self.config.session_body_fields)
+        self._oneshot = itertools.count()
+        self._oneshot_prefix = f"oneshot-{uuid.uuid4().hex[:12]}-"
+
+    def _owns(self, path: str) -> bool:
+        return any(path == p or path.startswith(f"{p}/") for p in self.owned)
 
     def attach(self, client: aiohttp.ClientSession) -> None:
-        """Use ``client`` for upstream requests (set at startup, inside the event loop)."""
+        """Use ``client`` for ``/v1/models`` and a new keep-alive pool for the data path (at startup, in the loop)."""
         self._client = client
+        self._pool = UpstreamPool(
+            connect_timeout_s=self.config.upstream_connect_timeout_s, read_timeout_s=self.config.upstream_timeout_s
+        )
+
+    def close(self) -> None:
+        """Close the data path's idle connections (at cleanup)."""
+        if self._pool is not None:
+            self._pool.close()
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -197,14 +186,6 @@ class Proxy:
         if self._client is None:
             raise RuntimeError("the proxy serves only between startup and cleanup")
         return self._client
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/completions``."""
-        return await self._generate(request, "/v1/completions")
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions``."""
-        return await self._generate(request, "/v1/chat/completions")
 
     async def models(self, request: web.Request) -> web.Response:
         """``GET /v1/models`` from the first ready replica that answers."""
@@ -223,85 +204,129 @@ class Proxy:
                 self.metrics.upstream_errors.labels(replica.name, type(exc).__name__).inc()
         return error_response(502, "No replica answered GET /v1/models.")
 
-    # -- generation --------------------------------------------------------------------
+    # -- any engine path ---------------------------------------------------------------
 
-    async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """Any path the router does not own: read the session key, then serve it on the session's replica."""
         cfg = self.config
-        body = await read_json_object(request, max_bytes=cfg.max_body_bytes)
-        if isinstance(body, web.Response):
-            return body
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            return error_response(400, "The request body must name a model (`model`).", param="model")
-        key = session_key(request.headers, body, header=cfg.session_header)
-        ephemeral = key is None
-        sid = key if key is not None else f"oneshot-{uuid.uuid4().hex}"
-        group = request.headers.get(cfg.group_header) or None
-        final = request.headers.get(cfg.final_header, "").strip().lower() in _TRUE
+        path = request.path
+        if path.startswith(self.owned) and self._owns(path):
+            return error_response(405, f"{request.method} is not served on {path}.")
+        raw = await read_raw(request, max_bytes=cfg.max_body_bytes)
+        if isinstance(raw, web.Response):
+            return raw
+        try:
+            body = read_body(
+                raw,
+                header_key=header_session_key(request.headers, header=cfg.session_header),
+                fields=self._fields,
+                json_path=path in JSON_PATHS,
+                need_model=path in OPENAI_PATHS,
+                measure_stream=cfg.measure_streams and path in USAGE_STREAM_PATHS,
+                want_salt=True,
+            )
+        except SessionKeyError as exc:
+            return error_response(400, str(exc), param=exc.field)
+        except BodyError as exc:
+            return error_response(400, str(exc), param=exc.param)
+        # The session key is known here and nothing is placed yet: the one place to hook routing decisions.
+        if self.fleet is not None and body.key is not None:  # one of N routers: its owner may be another router
+            forwarded = await self.fleet.forward_if_foreign(request, body.key)
+            if forwarded is not None:
+                return forwarded
+        return await self.serve(request, path, body)
+
+    async def serve(self, request: web.Request, path: str, body: RequestBody) -> web.StreamResponse:
+        """Place (or find) the request's session, forward the request there, then account for the turn."""
+        cfg = self.config
+        ephemeral = body.key is None
+        sid = body.key if body.key is not None else f"{self._oneshot_prefix}{next(self._oneshot)}"
+        headers = request.headers
+        group = headers.get(cfg.group_header) or None
         try:
             session, _ = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
         except AdmissionError as exc:
             return admission_response(exc, cfg)
+        self.manager.weights.note_salt(sid, body.salt)  # a new salt re-prefills: routing/weights.py
         self.manager.begin(session)
-        renewer = None if ephemeral else self.renewer
+        renewer = None if ephemeral or path not in OPENAI_PATHS else self.renewer
         if renewer is not None:
             renewer.turn_started(sid)
         try:
             return await self._forward(request, session, path, body, renewer)
         finally:
             self.manager.end(session)
-            if ephemeral and self.manager.is_current(session):
-                self.manager.release(sid, how="request")
-            elif final:
+            if ephemeral:
+                if self.manager.is_current(session):
+                    self.manager.release(sid, how="request")
+            elif cfg.final_header in headers and headers[cfg.final_header].strip().lower() in _TRUE:
                 self.manager.release(sid, how="final")
             if renewer is not None:
                 renewer.turn_ended(session)
 
     async def _forward(
-        self, request: web.Request, session: Session, path: str, body: JSONObject, renewer: Renewer | None
+        self, request: web.Request, session: Session, path: str, body: RequestBody, renewer: Renewer | None
     ) -> web.StreamResponse:
-        cfg = self.config
-        original = body
-        stream = body.get("stream") is True
-        options = body.get("stream_options")
-        asked = isinstance(options, dict) and options.get("include_usage") is True
-        inject = stream and cfg.measure_streams and not asked
-        if inject:
-            body = {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
-        headers = {"Content-Type": "application/json"}
-        headers.update({h: request.headers[h] for h in _FORWARDED_HEADERS if h in request.headers})
         replica = session.replica
-        url = f"{self.manager.runtime[replica].spec.url}{path}"
+        if self._pool is None:
+            raise RuntimeError("the proxy serves only between startup and cleanup")
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _REQUEST_SKIP]
+        data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
         try:
-            async with self.client.post(url, data=json.dumps(body), headers=headers, timeout=self._timeout) as upstream:
-                if stream and upstream.status == 200:
-                    collector = None if renewer is None else TextCollector(path)
-                    response = await self._relay(
-                        request, upstream, session, drop_usage_chunk=inject, collector=collector
-                    )
-                    if renewer is not None and collector is not None and collector.finished:
-                        renewer.turn_answered(
-                            session, path=path, body=original, text=collector.text(), headers=request.headers
-                        )
-                    return response
-                data = await upstream.read()
-                content_type = upstream.headers.get("Content-Type", "application/json")
+            upstream = await self._pool.request(
+                self.manager.runtime[replica].spec.url, request.method, request.raw_path, headers, data
+            )
         except TimeoutError:
             return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")
-        except aiohttp.ClientError as exc:
-            return self._failed(session, type(exc).__name__, 502, f"Replica {replica} failed: {type(exc).__name__}.")
-        if upstream.status == 200:
+        except UpstreamError as exc:
+            return self._failed(session, exc.kind, 502, f"Replica {replica} failed: {exc.kind}.")
+        try:
+            ctype = upstream.header("Content-Type")
+            if upstream.status == 200 and ctype.startswith("text/event-stream"):
+                collector = None if renewer is None else TextCollector(path)
+                response = await self._relay(
+                    request, upstream, session, path, drop_usage_chunk=body.injected, collector=collector
+                )
+                if renewer is not None and collector is not None and collector.finished:
+                    sent = orjson.loads(body.body)
+                    renewer.turn_answered(session, path=path, body=sent, text=collector.text(), headers=request.headers)
+                return response
             try:
-                obj = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                obj = None
-            self._turn(session, parse_usage(obj))
-            if renewer is not None:
-                text = response_text(path, obj)
-                renewer.turn_answered(session, path=path, body=original, text=text, headers=request.headers)
-        return web.Response(
-            body=data, status=upstream.status, headers={"Content-Type": content_type, REPLICA_HEADER: replica}
-        )
+                payload = await upstream.read()
+            except TimeoutError:
+                return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")
+            except UpstreamError as exc:
+                return self._failed(session, exc.kind, 502, f"Replica {replica} failed: {exc.kind}.")
+        finally:
+            upstream.release()
+        if upstream.status == 200:
+            self._answered(
+                session=session, path=path, body=body, payload=payload, ctype=ctype, renewer=renewer, request=request
+            )
+        return web.Response(body=payload, status=upstream.status, headers=_response_headers(upstream, replica))
+
+    def _answered(
+        self,
+        *,
+        session: Session,
+        path: str,
+        body: RequestBody,
+        payload: bytes,
+        ctype: str,
+        renewer: Renewer | None,
+        request: web.Request,
+    ) -> None:
+        """A 200 answer: its usage (if it carries one) is the turn's; other answers leave the session's context."""
+        usage = response_usage(payload) if "json" in ctype else None
+        if usage is not None or path in OPENAI_PATHS:
+            self.manager.finish_turn(session, usage=usage)
+        if renewer is not None:
+            try:
+                obj, sent = orjson.loads(payload), orjson.loads(body.body)
+            except orjson.JSONDecodeError:
+                return
+            text = response_text(path, obj)
+            renewer.turn_answered(session, path=path, body=sent, text=text, headers=request.headers)
 
     def _failed(self, session: Session, kind: str, status: int, message: str) -> web.Response:
         self.metrics.upstream_errors.labels(session.replica, kind).inc()
@@ -309,35 +334,27 @@ class Proxy:
         self.manager.upstream_failed(session, replica_down=status == 502)
         return error_response(status, message)
 
-    def _turn(self, session: Session, usage: Usage | None) -> None:
-        self.manager.finish_turn(session, usage=usage)
-
     async def _relay(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         session: Session,
+        path: str,
         *,
         drop_usage_chunk: bool,
         collector: TextCollector | None,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
-                "Cache-Control": "no-cache",
-                REPLICA_HEADER: session.replica,
-            }
-        )
+        response = web.StreamResponse(headers=_response_headers(upstream, session.replica))
         relay = EventRelay(drop_usage_chunk=drop_usage_chunk, collector=collector)
         try:
             await response.prepare(request)
             while True:
                 try:
-                    chunk = await upstream.content.readany()
+                    chunk = await upstream.next_chunk()
                 except TimeoutError:
                     return await self._end_stream(response, session, "timeout", "did not answer within the timeout")
-                except aiohttp.ClientError as exc:
-                    return await self._end_stream(response, session, type(exc).__name__, "failed mid-stream")
+                except UpstreamError as exc:
+                    return await self._end_stream(response, session, exc.kind, "failed mid-stream")
                 if not chunk:
                     break
                 out = relay.feed(chunk)
@@ -350,7 +367,8 @@ class Proxy:
         except ConnectionError:  # the client went away; its session stays
             _log.info("Lost streaming client session=%s replica=%s", session.session_id, session.replica)
             return response
-        self._turn(session, relay.usage)
+        if relay.usage is not None or path in OPENAI_PATHS:
+            self.manager.finish_turn(session, usage=relay.usage)
         if collector is not None:
             collector.finished = True
         return response
@@ -363,10 +381,20 @@ class Proxy:
         _log.warning("Failed upstream stream replica=%s kind=%s", session.replica, kind)
         message = f"Replica {session.replica} {what}; the session will be placed again on its next turn."
         self.manager.upstream_failed(session, replica_down=status == 502)
-        event = f"data: {json.dumps(error_body(status, message))}\n\n".encode()
+        event = b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
         try:
             await response.write(event)
             await response.write_eof()
         except ConnectionError:
             pass
         return response
+
+
+def _response_headers(upstream: UpstreamResponse, replica: str) -> CIMultiDict[str]:
+    """The upstream's response headers without the hop-by-hop ones, plus the replica's name."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers:
+        if name.lower() not in _RESPONSE_SKIP:
+            out.add(name, value)
+    out[REPLICA_HEADER] = replica
+    return out

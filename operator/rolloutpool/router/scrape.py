@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from rolloutpool.router.engine_reports import observe_prefix_caching
 from rolloutpool.router.sessions import SessionManager
+from rolloutpool.routing.weights import flush_operations_total
 
-__all__ = ["ReplicaSignals", "Scraper", "parse_signals"]
+__all__ = ["ReplicaSignals", "Scraper", "parse_signals", "scrape_timeout"]
 
 _log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class ReplicaSignals:
     prefix_cache_hits_total: float = 0.0
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    prefix_caching: bool | None = None
+    """``enable_prefix_caching`` of ``vllm:cache_config_info`` (None: not reported)."""
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -56,6 +60,7 @@ class ReplicaSignals:
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
             "capacity_tokens": self.capacity_tokens,
+            "prefix_caching": None if self.prefix_caching is None else float(self.prefix_caching),
         }
 
 
@@ -66,6 +71,17 @@ _SUMMED = {
     "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
 }
+_LEGACY = {
+    # older vLLM releases: the V1 engine's first names, and counters exposed without ``_total``
+    "vllm:gpu_prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total": "prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries": "prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits": "prefix_cache_hits_total",
+    "vllm:prefix_cache_queries": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits": "prefix_cache_hits_total",
+    "vllm:num_preemptions": "preemptions_total",
+}
+"""Read only when the current name of the same signal is absent from the scrape."""
 
 
 def _int_label(value: str | None) -> int | None:
@@ -75,7 +91,24 @@ def _int_label(value: str | None) -> int | None:
         return None
 
 
-_WANTED = (*_SUMMED, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
+_WANTED = frozenset(
+    (*_SUMMED, *_LEGACY, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
+)
+
+
+def scrape_timeout(*, interval_s: float, configured_s: float) -> float:
+    """A scrape's timeout: the configured one, but never under three intervals (pure).
+
+    A real vLLM on a saturated host answered ``/metrics`` in 2.4 s; rounds never overlap,
+    so a slow engine only stretches its round instead of failing it.
+    """
+    return max(configured_s, 3.0 * interval_s)
+
+
+def _flag_label(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return value.strip().lower() in ("true", "1")
 
 
 def _wanted_lines(text: str) -> str:
@@ -93,9 +126,12 @@ def parse_signals(text: str) -> ReplicaSignals:
     """The signals in a vLLM ``/metrics`` text (pure). Raises ``ValueError`` on unparsable text."""
     text = _wanted_lines(text)
     sums = dict.fromkeys(_SUMMED.values(), 0.0)
+    seen: set[str] = set()
+    legacy = dict.fromkeys(_SUMMED.values(), 0.0)
     usage: float | None = None
     legacy_usage: float | None = None
     block_size = num_blocks = None
+    prefix_caching: bool | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, value = sample.name, sample.value
@@ -103,6 +139,9 @@ def parse_signals(text: str) -> ReplicaSignals:
                 continue
             if name in _SUMMED:
                 sums[_SUMMED[name]] += value
+                seen.add(_SUMMED[name])
+            elif name in _LEGACY:
+                legacy[_LEGACY[name]] += value
             elif name == "vllm:kv_cache_usage_perc":
                 usage = value if usage is None else max(usage, value)
             elif name == "vllm:gpu_cache_usage_perc":
@@ -112,10 +151,16 @@ def parse_signals(text: str) -> ReplicaSignals:
                 blocks = _int_label(sample.labels.get("num_gpu_blocks"))
                 if blocks is not None:
                     num_blocks = blocks + (num_blocks or 0)
+                flag = _flag_label(sample.labels.get("enable_prefix_caching"))
+                prefix_caching = flag if prefix_caching is None else (prefix_caching or bool(flag))
+    for key, value in legacy.items():
+        if key not in seen:
+            sums[key] = value
     return ReplicaSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
+        prefix_caching=prefix_caching,
         **sums,
     )
 
@@ -137,12 +182,15 @@ class Scraper:
         runtime = self.manager.runtime.get(name)
         if runtime is None:
             return
-        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=scrape_timeout(interval_s=self.config.scrape_interval_s, configured_s=self.config.scrape_timeout_s)
+        )
         try:
             async with self.client.get(f"{runtime.spec.url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}")
-                signals = parse_signals(await resp.text())
+                text = await resp.text()
+                signals = parse_signals(text)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             if self.manager.runtime.get(name) is not runtime:
                 return  # removed (or replaced) while we scraped
@@ -163,7 +211,13 @@ class Scraper:
         runtime.scrape_failures = 0
         runtime.last_scrape = self.manager.clock()
         runtime.signals = {k: v for k, v in signals.as_dict().items() if v is not None}
+        observe_prefix_caching(
+            self.manager.metrics, replica=name, before=runtime.prefix_caching, now=signals.prefix_caching
+        )
+        runtime.prefix_caching = signals.prefix_caching
+        runtime.signals["reports_cached_tokens"] = 0.0 if runtime.cached_watch.never_reports else 1.0
         self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
+        self.manager.weights.observe_engine_ops(name, flush_operations_total(text), now=self.manager.clock())
         self.manager.observe_scrape(
             name, preemptions_total=signals.preemptions_total, waiting=signals.waiting, kv_usage=signals.kv_cache_usage
         )

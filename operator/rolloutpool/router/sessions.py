@@ -26,6 +26,7 @@ from rolloutpool.router.admission import (
     ShuttingDownError,
 )
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
+from rolloutpool.router.engine_reports import observe_cached_report
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
@@ -42,7 +43,9 @@ from rolloutpool.routing.events import (
 from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState
+from rolloutpool.routing.reprefill import CachedTokensWatch
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
+from rolloutpool.routing.weights import WeightTracker
 
 __all__ = [
     "AdmissionError",
@@ -71,6 +74,17 @@ class ReplicaRuntime:
     signals: dict[str, float] = field(default_factory=dict)
     """Last scraped signals, for the admin API."""
     unready_reason: str | None = None
+    cached_watch: CachedTokensWatch = field(default_factory=CachedTokensWatch)
+    """Whether the replica's responses ever carry ``cached_tokens`` (warned about once)."""
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        """The engine's ``enable_prefix_caching`` (scraped; None until reported)."""
+        return self.limits.prefix_caching
+
+    @prefix_caching.setter
+    def prefix_caching(self, value: bool | None) -> None:
+        self.limits.prefix_caching = value
 
     @property
     def pressure(self) -> PressureState:
@@ -123,6 +137,11 @@ class SessionManager:
         policy = self.ledger.policy
         assert isinstance(policy, SessionAware)  # noqa: S101 -- set in __init__
         return policy
+
+    @property
+    def weights(self) -> WeightTracker:
+        """Weight updates: flushes per replica, salts per session (re-prefill they cause is not eviction)."""
+        return self.ledger.weights
 
     @property
     def _inflight(self) -> dict[str, int]:
@@ -318,6 +337,19 @@ class SessionManager:
         self._dispatch()
         return session
 
+    def release_when_idle(self, session_id: str, *, how: str) -> tuple[Session | None, bool]:
+        """Release a session now, or when its requests in flight end; returns (session, deferred). Never waits.
+
+        A deferred session keeps its replica until its turn is answered and measured; the
+        next request after that finds no session and is placed as a new one.
+        """
+        pending = self.table.sessions.get(session_id)
+        if pending is not None and pending.release_how is not None:
+            return pending, True  # asked again: still the one release that waits for the turn
+        busy = self.busy(session_id)
+        session = self.release(session_id, how=how)
+        return session, busy and session is not None
+
     def expire(self) -> list[Session]:
         """Release sessions idle past ``idle_timeout_s``; sessions with a request in flight are never idle."""
         stale = self.ledger.expire(now=self.clock(), idle_timeout=self.config.idle_timeout_s)
@@ -361,6 +393,11 @@ class SessionManager:
         A shortfall is re-prefill of a live session's evicted prefix: counted per replica and fed to the
         fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
+        runtime = self.runtime.get(session.replica)
+        if runtime is not None:
+            observe_cached_report(
+                self.metrics, runtime.cached_watch, replica=session.replica, cached_tokens=usage.cached_tokens
+            )
         expected, shortfall = self.ledger.observe_cached(session, now=self.clock(), usage=usage)
         self._reprefilled(session, usage, expected=expected, shortfall=shortfall)
         return shortfall
@@ -401,10 +438,8 @@ class SessionManager:
 
     def set_operator_limits(self, limits: dict[str, OperatorLimit]) -> None:
         """The operator's caps and quarantine (RolloutPool status); they combine with the router's own."""
-        for name in list(self.runtime):
-            limit = limits.get(name)
-            if self.ledger.set_operator_limit(name, limit, now=self.clock()):
-                _log.info("Set operator limits replica=%s limits=%s", name, limit)
+        for name in self.ledger.set_operator_limits(limits, now=self.clock()):
+            _log.info("Set operator limits replica=%s limits=%s", name, limits.get(name))
         self._dispatch()
 
     def observe_scrape(

@@ -1,7 +1,8 @@
 """State across restarts: a JSON snapshot of the session table, written atomically.
 
 Mechanism: after every change of the table a debounced writer serialises the live
-sessions (id, replica, group, last_seen, context tokens) and the drained replicas
+sessions (id, replica, group, last_seen, context tokens; not one-turn sessions, nor sessions
+whose release waits for their request to end) and the drained replicas
 to ``state_path`` through a temporary file in the same directory, ``fsync`` and
 ``os.replace`` — a reader sees the old snapshot or the new one, never half of one.
 A final snapshot is written on shutdown. At start the snapshot is loaded before
@@ -54,6 +55,7 @@ def snapshot(manager: SessionManager, *, now: float) -> dict[str, Any]:
     sessions = [
         [s.session_id, s.replica, s.group, round(s.last_seen, 3), s.context_tokens]
         for s in manager.table.sessions.values()
+        if not s.one_turn and s.release_how is None  # both end with their request: restored, they would linger
     ]
     draining = sorted(r.name for r in manager.table.replicas.values() if r.draining)
     return {"version": SNAPSHOT_VERSION, "saved_at": now, "draining": draining, "sessions": sessions}

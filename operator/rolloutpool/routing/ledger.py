@@ -27,6 +27,7 @@ The lifecycle:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 from rolloutpool.routing.admission_kv import KvAdmissionConfig, KvProjection
 from rolloutpool.routing.caps import effective_cap
@@ -49,11 +50,13 @@ from rolloutpool.routing.events import (
 from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
 from rolloutpool.routing.policies import Placement, Policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
+from rolloutpool.routing.reprefill import reprefill_tokens
 from rolloutpool.routing.table import Session, SessionTable
+from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
-_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost"})
+_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved"})
 """Release paths that say nothing about the replica's pressure (the session did not finish there)."""
 
 
@@ -69,6 +72,8 @@ class Ledger:
         self.closed = False
         self.events: list[Event] = []
         """What operations changed besides their answer, oldest first (see :meth:`take_events`)."""
+        self.weights = WeightTracker()
+        """Weight updates: a flush's or a new salt's re-prefill is measured, never taken for eviction."""
         self._tickets = 0
         caps = config.caps
         self.kv = (
@@ -77,6 +82,8 @@ class Ledger:
             else None
         )
         """Projected KV tokens of live sessions, for derived caps (:mod:`~rolloutpool.routing.admission_kv`)."""
+        self._holding = False
+        """Admissions wait (one operator status applies as a whole)."""
 
     def take_events(self) -> list[Event]:
         """The events since the last call (and forget them)."""
@@ -112,6 +119,9 @@ class Ledger:
         del self.limits[name]
         if self.kv is not None:
             self.kv.replica_removed(name)
+        self.weights.forget_replica(name)
+        for session in lost:
+            self.weights.forget(session.session_id)
         self.events.extend(Released(s, "replica_lost") for s in lost)
         return lost
 
@@ -224,7 +234,7 @@ class Ledger:
 
     def admit(self, *, now: float) -> None:
         """Place queued sessions, oldest first, while a replica may take them (FIFO: the head blocks)."""
-        while self.queue and not self.closed:
+        while self.queue and not self.closed and not self._holding:
             head = self.queue[0]
             sid = head.placement.session_id
             existing = self.table.sessions.get(sid)
@@ -283,6 +293,7 @@ class Ledger:
             finished = how not in _NOT_FINISHED and how != "expired" and not session.one_turn
             self.kv.released(session.session_id, finished=finished)
             self._kv_cap(session.replica)
+        self.weights.forget(session.session_id)
         self.events.append(Released(session, how))
         limits = self.limits.get(session.replica)
         if limits is not None and limits.pressure is not None and how not in _NOT_FINISHED:
@@ -355,6 +366,7 @@ class Ledger:
         A shortfall is re-prefill of a live session's evicted prefix, fed to the fast quarantine.
         Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
+        excuse = self.weights.excuse(session.session_id, session.replica)  # every answered turn leaves its mark
         limits = self.limits.get(session.replica)
         if limits is None or session.context_tokens <= 0 or usage.cached_tokens is None:
             return 0, 0
@@ -363,11 +375,19 @@ class Ledger:
             prompt_tokens=usage.prompt_tokens,
             block_size=limits.block_size,
         )
+        if excuse is not None:  # a weight update's re-prefill (routing/weights.py): measured, not eviction
+            return expected, 0
+        counted = reprefill_tokens(  # one block of tolerance; none with caching off (routing/reprefill.py)
+            expected_cached=expected,
+            cached=usage.cached_tokens,
+            block_size=limits.block_size,
+            prefix_caching=limits.prefix_caching,
+        )
         pressure = limits.pressure
         if pressure is None:
-            return expected, max(0, expected - usage.cached_tokens)
+            return expected, counted
         before = pressure.quarantines
-        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=usage.cached_tokens)
+        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=expected - counted)
         self._sync_quarantine(session.replica, now=now, entered=pressure.quarantines > before)
         return expected, shortfall
 
@@ -415,6 +435,20 @@ class Ledger:
         self._sync_quarantine(name, now=now)
         return True
 
+    def set_operator_limits(self, limits: Mapping[str, OperatorLimit], *, now: float) -> list[str]:
+        """One status update of the operator for every replica (absent: no limit); the replicas that changed.
+
+        All limits apply before any queued session is admitted: a status is one decision, and admitting
+        half-way would favour the replicas applied first.
+        """
+        self._holding = True
+        try:
+            changed = [name for name in list(self.limits) if self.set_operator_limit(name, limits.get(name), now=now)]
+        finally:
+            self._holding = False
+        self.admit(now=now)
+        return changed
+
     def observe_scrape(
         self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
     ) -> None:
@@ -423,7 +457,10 @@ class Ledger:
         if pressure is None:
             return
         before = pressure.quarantines
-        pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)
+        if self.weights.in_grace(name, now=now):  # the burst of re-prefills after a weight update
+            observe_scrape_excused(pressure, now=now, preemptions_total=preemptions_total)
+        else:
+            pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)
         self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
 
     def _apply_cap(self, name: str, *, now: float) -> None:

@@ -37,3 +37,5 @@ class ReplicaLimits:
     """The fast quarantine's state; None without a fast quarantine."""
     operator: OperatorLimit | None = None
     """The operator's cap and quarantine (the RolloutPool status), if any."""
+    prefix_caching: bool | None = None
+    """The engine's ``enable_prefix_caching`` (None: not reported); off, misses are never re-prefill."""

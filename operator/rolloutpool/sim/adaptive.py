@@ -11,7 +11,7 @@ quarantine; nothing here knows the workload's residency.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica, initial_cap
@@ -57,6 +57,8 @@ class AdaptiveCaps:
         """Cap cuts the law made (pressure after its cooldown)."""
         self.quarantines = 0
         """Times a replica entered the law's quarantine."""
+        self.weight_updates: Callable[..., float | None] | None = None
+        """Weight updates within the law's window (``now=``, ``window_s=``), as the engines' metrics show them."""
 
     @classmethod
     def for_fleet(cls, config: FleetConfig, names: list[str], capacity_tokens: int) -> AdaptiveCaps:
@@ -101,6 +103,9 @@ class AdaptiveCaps:
             queued_sessions=queued,
             sampled_at=now,
             kv_cap=kv_cap,
+            weight_updates=None
+            if self.weight_updates is None
+            else self.weight_updates(now=now, window_s=self.params.rate_window_seconds),
         )
 
     def step(

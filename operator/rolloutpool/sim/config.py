@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
 from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.sim.weights import WeightUpdateConfig
 from rolloutpool.sim.workload import Scenario
 
 __all__ = ["ADAPTIVE", "FleetConfig"]
@@ -46,3 +47,5 @@ class FleetConfig:
     """Our policy renews an idle live session's prefix every this many seconds (None: no renewal)."""
     law: LawParams | None = None
     """The adaptive policy's law; None: defaults with floor = KV capacity // maxModelLen, ceiling = max_num_seqs."""
+    weight_updates: WeightUpdateConfig | None = None
+    """The weight-update scenario (pause, flush, resume every ``every_s``); None: no updates."""

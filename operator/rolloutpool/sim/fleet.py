@@ -31,11 +31,12 @@ from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
 from rolloutpool.sim.renewal import SimRenewals
+from rolloutpool.sim.weights import SimWeightUpdates
 from rolloutpool.sim.workload import Trajectory, TrajectorySource
 
 __all__ = ["ADAPTIVE", "FleetConfig", "simulate_policy"]
 
-_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL = 0, 1, 2, 3, 4
+_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL, _WEIGHTS = 0, 1, 2, 3, 4, 5
 _MAX_RUN = 1_000_000
 _SEGMENT_BASE = 1 << 40  # segment ids above this are per-trajectory; below, group prompts
 
@@ -125,6 +126,12 @@ class _Fleet:
         self.evicted_reprefill = 0
         self.samples: list[Sample] = []
         self._last_counts = dict.fromkeys(self.names, (0, 0))
+        updates = config.weight_updates  # the weight-update scenario: sim/weights.py
+        self.weights = None if updates is None else SimWeightUpdates(updates, self.names)
+        if self.weights is not None and self.weights.config.excuse:
+            self.ledger.weights = self.weights.tracker  # the router learns of each flush (its fan-out)
+        if self.weights is not None and self.law is not None:
+            self.law.weight_updates = self.weights.weight_updates
 
     # -- event plumbing ---------------------------------------------------------------
 
@@ -140,6 +147,8 @@ class _Fleet:
         self._push(0.0, _SAMPLE, None)
         if self.law is not None:
             self._push(cfg.control_interval_s, _CONTROL, None)
+        if self.weights is not None:
+            self._push(self.weights.config.every_s, _WEIGHTS, "pause")
         next_progress = 0.0
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
@@ -155,12 +164,12 @@ class _Fleet:
             elif kind == _CONTROL:
                 self._control()
             else:
-                self._sample()
+                self._sample() if kind == _SAMPLE else self._weights(data)  # type: ignore[arg-type]
             if self.progress is not None and t >= next_progress:
                 self.progress(t)
                 next_progress = t + 60.0
         self.now = cfg.duration_s
-        return summarize(
+        result = summarize(
             policy=self.policy.name,
             config=cfg,
             engines=[d.engine for d in self.drivers.values()],
@@ -173,6 +182,9 @@ class _Fleet:
             law=self.law,
             renewals=None if self.renewals is None else self.renewals.totals(),
         )
+        if self.weights is None:
+            return result
+        return self.weights.annotate(result, law=self.law)
 
     # -- trajectories -------------------------------------------------------------------
 
@@ -261,13 +273,26 @@ class _Fleet:
         limit = expected_cached_tokens(
             previous_context=traj.prev_context, prompt_tokens=req.prompt_len, block_size=self.block_size
         )
-        self.reprefilled += max(0, limit - req.cached_tokens)
+        missed = max(0, limit - req.cached_tokens)
+        self.reprefilled += missed
         usage = Usage(req.prompt_len, req.num_output, req.cached_tokens)
+        limits = self.ledger.limits.get(replica)
+        pressure = None if limits is None else limits.pressure
+        quarantines, excused = (0 if pressure is None else pressure.quarantines), self.ledger.weights.excused_turns
         if turn is not None:
             _, live = self.ledger.finish_turn(turn, now=self.now, usage=usage)
         else:
             session = self.ledger.lookup(str(traj.plan.index))
             _, live = (0, 0) if session is None else self.ledger.observe_cached(session, now=self.now, usage=usage)
+        if self.weights is not None:  # what a weight update's flush cost: sim/weights.py
+            self.weights.attribute_turn(
+                str(traj.plan.index),
+                replica,
+                excused=self.ledger.weights.excused_turns > excused,
+                missed=missed,
+                live=live,
+                entered=0 if pressure is None else pressure.quarantines - quarantines,
+            )
         self.evicted_reprefill += live
         self.live_reprefill[replica] += live
         self._dispatch()
@@ -284,6 +309,8 @@ class _Fleet:
     # -- engines ------------------------------------------------------------------------
 
     def _enqueue(self, replica: str, request: Request) -> None:
+        if self.weights is not None and self.weights.hold(replica, request):
+            return  # paused for a weight update
         driver = self.drivers[replica]
         if driver.busy and driver.run_steps and self.now < driver.end:
             self._cut_run(driver)
@@ -308,6 +335,8 @@ class _Fleet:
         engine = driver.engine
         if not engine.has_work:
             driver.busy = False
+            if self.weights is not None and self.weights.pausing:
+                self._weights("flush")
             return
         driver.busy = True
         driver.version += 1
@@ -346,6 +375,9 @@ class _Fleet:
 
     def _scrape(self) -> None:
         for name, driver in self.drivers.items():
+            limits = self.ledger.limits.get(name)
+            pressure = None if limits is None else limits.pressure
+            quarantines = 0 if pressure is None else pressure.quarantines
             self.ledger.observe_scrape(
                 name,
                 now=self.now,
@@ -353,6 +385,8 @@ class _Fleet:
                 waiting=len(driver.engine.waiting),
                 kv_usage=driver.engine.pool.usage,
             )
+            if self.weights is not None and pressure is not None:
+                self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)
             self._dispatch()
         if self.renewals is not None:
             self._renew_due()
@@ -381,6 +415,22 @@ class _Fleet:
         if not traj.inflight:  # still idle: renew again later
             self.renewals.clock.idle(req.tag, now=self.now)
 
+    def _weights(self, step: str) -> None:
+        """The weight-update scenario's steps: pause, flush once every engine is idle, resume."""
+        weights = self.weights
+        assert weights is not None  # noqa: S101 -- scheduled only with the scenario
+        if step == "pause":
+            weights.pause(now=self.now)
+            self._push(self.now + weights.config.every_s, _WEIGHTS, "pause")
+            step = "flush"
+        if step == "flush":
+            resume_at = weights.try_flush({n: d.engine for n, d in self.drivers.items()}, now=self.now)
+            if resume_at is not None:
+                self._push(resume_at, _WEIGHTS, "resume")
+        elif step == "resume":
+            for replica, request in weights.resume(now=self.now):
+                self._enqueue(replica, request)
+
     def _control(self) -> None:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
         engines = {n: d.engine for n, d in self.drivers.items()}
@@ -393,10 +443,12 @@ class _Fleet:
             now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue),
             kv_caps=kv_caps,
         )  # fmt: skip
-        for name, control in controls.items():  # what the operator writes into the pool's status
-            limit = OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
-            self.ledger.set_operator_limit(name, limit, now=self.now)
-            self._dispatch()
+        status = {  # what the operator writes into the pool's status, applied by the router as a whole
+            name: OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
+            for name, control in controls.items()
+        }
+        self.ledger.set_operator_limits(status, now=self.now)
+        self._dispatch()
         self._push(self.now + self.cfg.control_interval_s, _CONTROL, None)
 
     def _sample(self) -> None:

@@ -69,6 +69,16 @@ class RunResult:
     """Prompt tokens computed (queried minus prefix-cache hits): the share ``reprefilled_tokens`` is of it."""
     renewals: int | None = None
     """With prefix renewal: renewal requests sent (their tokens, queries and hits are left out of the figures)."""
+    weight_updates: int | None = None
+    """Weight-update scenario: updates (pause, flush, resume) in the run."""
+    update_reprefill_tokens: int | None = None
+    """Weight-update scenario: live sessions' context re-prefilled after a flush (expected, not evicted)."""
+    update_false_evicted_tokens: int | None = None
+    """Weight-update scenario: update re-prefill counted as evicted (nonzero only when updates are unannounced)."""
+    update_false_quarantines: int | None = None
+    """Weight-update scenario: fast quarantines entered on an update's re-prefill or burst."""
+    update_law_cuts: int | None = None
+    """Weight-update scenario, adaptive policy: the law's cuts on pressure within its window after a flush."""
 
     def row(self) -> dict[str, Any]:
         """The figures without the time series (for tables and JSON); adaptive-only figures when set."""

@@ -64,11 +64,10 @@ class SimRenewals:
 
 
 def _add(totals: RenewalTotals, request: Request) -> RenewalTotals:
-    """Add one renewal's engine counts: each admission (one more after a preemption) queried its prompt."""
-    admissions = 1 + request.preemptions
+    """Add one renewal's engine counts: its first admission queried its prompt (re-admissions are not counted)."""
     return RenewalTotals(
         totals.sent,
         totals.generated + request.num_output,
-        totals.prefix_queries + request.prompt_len * admissions,
-        totals.prefix_hits + request.cached_tokens * admissions,
+        totals.prefix_queries + request.prompt_len,
+        totals.prefix_hits + request.cached_tokens,
     )

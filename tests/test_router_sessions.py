@@ -1,0 +1,73 @@
+"""The router's shell around the ledger: deferred release, one-turn sessions, snapshots, metrics (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import generate_latest
+
+from rolloutpool.router.config import ReplicaSpec, RouterConfig
+from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.sessions import ReleasedWhileQueuedError, SessionManager
+from rolloutpool.router.state import snapshot
+
+
+def _manager(cap: int = 1) -> SessionManager:
+    config = RouterConfig(replicas=(ReplicaSpec("e0", "http://127.0.0.1:1"),), cap=cap, queue_timeout_s=5.0)
+    return SessionManager(config, clock=lambda: 0.0, metrics=RouterMetrics())
+
+
+def _metric(manager: SessionManager, line: str) -> bool:
+    return line in generate_latest(manager.metrics.registry).decode()
+
+
+async def test_finish_session_during_a_turn_answers_at_once_and_frees_the_slot_when_the_turn_ends() -> None:
+    manager = _manager()
+    session, created = await manager.acquire("s", group=None)
+    assert created
+    manager.begin(session)
+    waiting = asyncio.create_task(manager.acquire("next", group=None))
+    await asyncio.sleep(0)
+    assert manager.queue_depth == 1
+    assert manager.release("s", how="finish_session") is session  # never blocks on the turn
+    assert manager.release("s", how="finish_session") is None  # idempotent
+    assert manager.lookup("s") is None
+    assert not waiting.done()  # the slot is still the running turn's
+    manager.end(session)
+    admitted, created = await waiting
+    assert admitted.session_id == "next"
+    assert created
+    assert _metric(manager, 'rolloutpool_router_releases_total{how="finish_session"} 1.0')
+    manager.close()
+
+
+async def test_one_turn_sessions_and_pending_releases_stay_out_of_the_snapshot() -> None:
+    manager = _manager(cap=3)
+    oneshot, _ = await manager.acquire("oneshot-1", group=None, ephemeral=True)
+    kept, _ = await manager.acquire("kept", group=None)
+    leaving, _ = await manager.acquire("leaving", group=None)
+    manager.begin(oneshot)
+    manager.begin(leaving)
+    manager.release("leaving", how="finish_session")
+    assert [row[0] for row in snapshot(manager, now=0.0)["sessions"]] == ["kept"]
+    manager.end(oneshot)  # a one-turn session holds no slot after its turn
+    manager.end(leaving)
+    assert set(manager.table.sessions) == {"kept"}
+    assert manager.replica("e0").live == 1
+    assert manager.lookup("kept") is kept
+    manager.close()
+
+
+async def test_a_session_released_while_queued_is_answered_and_never_placed() -> None:
+    manager = _manager()
+    await manager.acquire("s", group=None)
+    waiting = asyncio.create_task(manager.acquire("q", group=None))
+    await asyncio.sleep(0)
+    assert manager.release("q", how="finish_session") is None  # it held nothing
+    with pytest.raises(ReleasedWhileQueuedError):
+        await waiting
+    manager.release("s", how="finish_session")
+    assert manager.lookup("q") is None
+    assert _metric(manager, 'rolloutpool_router_admission_rejections_total{reason="released_while_queued"} 1.0')
+    manager.close()
