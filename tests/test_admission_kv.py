@@ -34,6 +34,7 @@ def _rollout(ledger: Ledger, sid: str, contexts: list[int], *, now: float) -> No
         ledger.finish_turn(session, now=now + i, usage=Usage(context - 100, 100, None))
         ledger.turn_ended(session, now=now + i)
     ledger.release(sid, how="finished", now=now + len(contexts))
+    ledger.refresh_kv(now=now + len(contexts))  # a scrape round: caps take up the fleet-wide estimates
 
 
 def test_a_cold_router_admits_what_the_residency_cap_would() -> None:

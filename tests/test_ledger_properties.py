@@ -133,6 +133,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self._check_events(before)
 
     @rule()
+    def kv_refreshed(self) -> None:
+        before = self._live()
+        self.ledger.refresh_kv(now=self._tick())
+        self._check_events(before)
+
+    @rule()
     def release_unknown(self) -> None:
         before = self._live()
         assert self.ledger.release("never-placed", how="finish_session", now=self._tick()) is None

@@ -382,10 +382,20 @@ class SessionManager:
         """
         if not self.is_current(session):
             return  # released (or re-placed) while the request ran
+        if usage is not None:
+            self._report_cached(session, usage)
         expected, shortfall = self.ledger.finish_turn(session, now=self.clock(), usage=usage)
         if usage is not None:
             self._reprefilled(session, usage, expected=expected, shortfall=shortfall)
             self.on_change()
+
+    def _report_cached(self, session: Session, usage: Usage) -> None:
+        """Count whether the replica's answer carried ``cached_tokens`` (one warning for a replica that never does)."""
+        runtime = self.runtime.get(session.replica)
+        if runtime is not None:
+            observe_cached_report(
+                self.metrics, runtime.cached_watch, replica=session.replica, cached_tokens=usage.cached_tokens
+            )
 
     def observe_cached(self, session: Session, *, usage: Usage) -> int:
         """Compare a response's ``cached_tokens`` with the session's previous context; returns the shortfall.
@@ -393,11 +403,7 @@ class SessionManager:
         A shortfall is re-prefill of a live session's evicted prefix: counted per replica and fed to the
         fast quarantine. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
-        runtime = self.runtime.get(session.replica)
-        if runtime is not None:
-            observe_cached_report(
-                self.metrics, runtime.cached_watch, replica=session.replica, cached_tokens=usage.cached_tokens
-            )
+        self._report_cached(session, usage)
         expected, shortfall = self.ledger.observe_cached(session, now=self.clock(), usage=usage)
         self._reprefilled(session, usage, expected=expected, shortfall=shortfall)
         return shortfall
@@ -450,6 +456,11 @@ class SessionManager:
         self.ledger.observe_scrape(
             name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage
         )
+        self._dispatch()
+
+    def refresh_kv(self) -> None:
+        """Once per scrape round: caps take up the fleet-wide KV estimates (KV admission)."""
+        self.ledger.refresh_kv(now=self.clock())
         self._dispatch()
 
     def set_draining(self, name: str, draining: bool) -> None:

@@ -71,6 +71,9 @@ class KvProjection:
         """Session id -> its first context (or the estimate it was admitted with)."""
         self._context: dict[str, int] = {}
         self._replica: dict[str, str] = {}
+        self.need = self.project(self.first_estimate())
+        """Projected tokens of one new session, as of the last :meth:`refresh` (the fleet-wide estimates
+        move with every first turn and every finish; caps follow them at each refresh, not on every turn)."""
 
     # -- estimates ---------------------------------------------------------------------
 
@@ -184,5 +187,11 @@ class KvProjection:
         state = self.replicas.get(replica)
         used = 0.0 if state is None else state.tokens
         budget = capacity_tokens * (1.0 - self.config.headroom) - used
-        need = self.project(self.first_estimate(prompt_tokens))
+        need = self.project(self.first_estimate(prompt_tokens)) if prompt_tokens > 0 else self.need
         return max(0, int(budget // max(need, 1.0)))
+
+    def refresh(self) -> bool:
+        """Take up the fleet-wide estimates for new sessions' projections; whether :attr:`need` changed."""
+        need = self.project(self.first_estimate())
+        changed, self.need = need != self.need, need
+        return changed

@@ -463,6 +463,18 @@ class Ledger:
             pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)
         self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
 
+    def refresh_kv(self, *, now: float) -> None:
+        """Take up the fleet-wide KV estimates (first contexts, final contexts) in every replica's cap.
+
+        Called once per scrape round by the router and the simulator: between two refreshes a cap
+        moves only with its own replica's sessions, so it stays what :meth:`cap_of` says.
+        """
+        if self.kv is None or not self.kv.refresh():
+            return
+        raised = [name for name in list(self.table.replicas) if self._kv_cap(name)]
+        if raised:
+            self.admit(now=now)
+
     def _apply_cap(self, name: str, *, now: float) -> None:
         replica = self.table.replicas[name]
         cap = self.cap_of(name)

@@ -388,6 +388,8 @@ class _Fleet:
             if self.weights is not None and pressure is not None:
                 self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)
             self._dispatch()
+        self.ledger.refresh_kv(now=self.now)  # caps take up the fleet-wide KV estimates, as the router's round
+        self._dispatch()
         if self.renewals is not None:
             self._renew_due()
         self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
