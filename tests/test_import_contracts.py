@@ -46,6 +46,7 @@ CASES: list[tuple[str, dict[str, str], str]] = [
             "rolloutpool.dev.demo",
             "rolloutpool.dev.kubelet.runtime",
             "rolloutpool.cli",
+            "rolloutpool.cli.router",
         )
     ),
     # ... or through a module in neither list
