@@ -4,6 +4,11 @@
 #
 #   docker build -t ghcr.io/rolloutpool/rolloutpool:0.1.0 .
 #
+# It installs the [operator,router] extras only: engine-sim needs nothing beyond the router's
+# packages (aiohttp, prometheus_client), so the simulated engines of the chart and the demo run
+# this same image. The simulator and plots ([sim]: numpy, matplotlib) and the dev tools ([dev])
+# are not in it; their commands say which extra to install.
+#
 # Stage 1 builds wheels of this project and its dependencies; stage 2 installs them into a
 # virtualenv on a clean base, with no compiler, no pip cache and no build context left behind.
 
@@ -15,7 +20,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-RUN python -m pip wheel --wheel-dir /wheels .
+RUN python -m pip wheel --wheel-dir /wheels ".[operator,router]"
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 \
@@ -23,11 +28,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/rolloutpool/bin:$PATH \
-    HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib
+    HOME=/tmp
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/rolloutpool \
-    && /opt/rolloutpool/bin/pip install --no-index --find-links=/wheels rolloutpool \
+    && /opt/rolloutpool/bin/pip install --no-index --find-links=/wheels "rolloutpool[operator,router]" \
     && groupadd --gid 65532 rolloutpool \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp \
        --shell /usr/sbin/nologin rolloutpool

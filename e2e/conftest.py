@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rolloutpool.demo import install_crd
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.demo import install_crd
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ import yaml
 
 from poolcases import EXAMPLES, invalid_cases, load_example
 from rolloutpool.api import RolloutPool
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 
 def _apply(cluster: LocalCluster, manifest: dict[str, Any], *extra: str):

@@ -9,7 +9,7 @@ import yaml
 
 from poolcases import EXAMPLES, load_example
 from rolloutpool.api import RolloutPool
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.reconcile.children import engine_pod
 
 EXAMPLE = "qwen3-8b-h100-pvc.yaml"

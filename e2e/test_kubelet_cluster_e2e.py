@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 _POD = {
     "apiVersion": "v1",

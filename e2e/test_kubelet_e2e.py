@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.kubelet import ProcessKubelet, default_executables
+from rolloutpool.dev.kubelet.kubelet import ProcessKubelet, default_executables
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 IMAGE = "ghcr.io/rolloutpool/rolloutpool:0.1.0"
 _ENGINE_ARGS = ["engine-sim", "--host=$(POD_IP)", "--port=8000", "--kv-capacity-tokens=4096", "--max-model-len=1024"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 
 def _processes_mentioning(marker: str) -> list[int]:

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster, free_port
 from rolloutpool.kube.pods import api_client
-from rolloutpool.localcluster.cluster import LocalCluster, free_port
 
 __all__ = [
     "EXAMPLES",

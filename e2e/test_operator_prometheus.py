@@ -21,9 +21,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus import local_cluster_prometheus
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.prometheus import local_cluster_prometheus
 from test_operator_kit import (
     EXAMPLES,
     OperatorProcess,

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from test_operator_kit import EXAMPLES, OperatorProcess, apply_pool, eventually, namespace
 
 NS = "op-rbac"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from test_operator_kit import (
     EXAMPLES,
     FakeRouter,

@@ -16,7 +16,7 @@ import yaml
 
 from poolcases import EXAMPLES, load_example
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.reconcile.caps import parse_spec
 from rolloutpool.reconcile.children import desired_engine_pods, needs_update, router_objects
 from rolloutpool.reconcile.engines import DrainEnd, EnginePlan

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 import yaml
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.kube.pods import PodWatch, api_client
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.router import RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER

@@ -38,8 +38,8 @@ import pytest
 import yaml
 
 from fullstack_kit import diagnosis, engine_pods, isolated_stack, pod_ready, processes_under, router_pod, wait_until
+from rolloutpool.dev.stack import LocalStack
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER
-from rolloutpool.stack import LocalStack
 
 POOL = "fleet"
 ENGINES = 6

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rolloutpool.bench.overhead_only import DIRECT, OURS, PEER, OverheadOnlyConfig, run_overhead_only
-from rolloutpool.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
+from rolloutpool.dev.bench.overhead_only import DIRECT, OURS, PEER, OverheadOnlyConfig, run_overhead_only
+from rolloutpool.dev.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
 
 WRK_OUTPUT = """Running 2s test @ http://127.0.0.1:1
   1 threads and 32 connections

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rolloutpool.bench.scale import operator_pass, router_scale
+from rolloutpool.dev.bench.scale import operator_pass, router_scale
 
 
 def test_router_scale_holds_the_sessions_it_reports() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutpool.localcluster.build import (
+from rolloutpool.dev.localcluster.build import (
     RECIPE,
     cache_root,
     staging_modules,

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from poolcases import ROOT
-from rolloutpool.localcluster.build import ensure_binaries
-from rolloutpool.localcluster.kubelet_decide import DEFAULT_IMAGE_PATTERN, image_matches
+from rolloutpool.dev.kubelet.decide import DEFAULT_IMAGE_PATTERN, image_matches
+from rolloutpool.dev.localcluster.build import ensure_binaries
 from rolloutpool.reconcile.labels import DEFAULT_IMAGE, IMAGE_ENV
 
 CHART = ROOT / "charts" / "rolloutpool"

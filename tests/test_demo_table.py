@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from rolloutpool.demo import pool_table
+from rolloutpool.dev.demo import pool_table
 
 
 def _render(replicas: list[dict[str, object]]) -> str:

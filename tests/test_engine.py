@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from rolloutpool.engine.blocks import BlockPool
-from rolloutpool.engine.core import Engine, EngineConfig, Request
-from rolloutpool.engine.cost import CostModel
-from rolloutpool.engine.hashing import SegmentChain, hash_token_blocks
+from rolloutpool.engine.model.blocks import BlockPool
+from rolloutpool.engine.model.core import Engine, EngineConfig, Request
+from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.engine.model.hashing import SegmentChain, hash_token_blocks
 
 BS = 16
 

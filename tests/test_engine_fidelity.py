@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli import main
-from rolloutpool.engine.blocks import BlockPool
-from rolloutpool.engine.core import Engine, EngineConfig, Request
-from rolloutpool.engine.hashing import hash_token_blocks
-from rolloutpool.engine.server import ServerConfig
+from rolloutpool.engine.model.blocks import BlockPool
+from rolloutpool.engine.model.core import Engine, EngineConfig, Request
+from rolloutpool.engine.model.hashing import hash_token_blocks
+from rolloutpool.engine.server.app import ServerConfig
 from routerkit import sse
 from test_engine_server import post, scrape, serve
 

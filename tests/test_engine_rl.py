@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.engine.server_rl import RL_CONTROL, RLControl
-from rolloutpool.engine.tokenizer import tokenize
+from rolloutpool.engine.model.tokenizer import tokenize
+from rolloutpool.engine.server.app import ServerConfig, build_app
+from rolloutpool.engine.server.rl import RL_CONTROL, RLControl
 from routerkit import ENGINE_DEFAULTS, MODEL, eventually, serve, sse
 
 

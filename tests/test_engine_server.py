@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.engine.tokenizer import detokenize, generate_ids, render_chat, tokenize
+from rolloutpool.engine.model.tokenizer import detokenize, generate_ids, render_chat, tokenize
+from rolloutpool.engine.server.app import ServerConfig, build_app
 from routerkit import sse
 
 FAST = 1000.0

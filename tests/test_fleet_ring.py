@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.cli import main, router_command
+from rolloutpool.cli import main
+from rolloutpool.cli.router import router_command
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assign_engines, assignment_patches, natural_key
 from rolloutpool.reconcile.children import router_objects
 from rolloutpool.reconcile.labels import router_selector

@@ -34,17 +34,19 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     *(
         (f"pure-imports-{target}", {"reconcile/caps.py": f"import {target}\n"}, PURE_OURS)
         for target in (
-            "rolloutpool.engine.server",
-            "rolloutpool.engine.server_runtime",
+            "rolloutpool.engine.server.app",
+            "rolloutpool.engine.server.runtime",
             "rolloutpool.router.app",
             "rolloutpool.kube.children",
             "rolloutpool.metrics.prom",
             "rolloutpool.handlers.passes",
-            "rolloutpool.localcluster.cluster",
-            "rolloutpool.bench.runner",
-            "rolloutpool.stack",
-            "rolloutpool.demo",
+            "rolloutpool.dev.localcluster.cluster",
+            "rolloutpool.dev.bench.runner",
+            "rolloutpool.dev.stack",
+            "rolloutpool.dev.demo",
+            "rolloutpool.dev.kubelet.runtime",
             "rolloutpool.cli",
+            "rolloutpool.cli.router",
         )
     ),
     # ... or through a module in neither list
@@ -59,12 +61,19 @@ CASES: list[tuple[str, dict[str, str], str]] = [
         {HELPER: "import subprocess\n", "capacity.py": "import rolloutpool.planted_helper\n"},
         PURE_LIB,
     ),
-    ("engine-model-imports-server", {"engine/blocks.py": "import rolloutpool.engine.server_protocol\n"}, ENGINE),
+    ("engine-model-imports-server", {"engine/model/blocks.py": "import rolloutpool.engine.server.protocol\n"}, ENGINE),
+    (
+        "engine-model-imports-a-new-server-module",
+        {"engine/model/core.py": "import rolloutpool.engine.server.shapes\n"},
+        ENGINE,
+    ),
     ("kopf-in-router", {"router/app.py": "import kopf\n"}, KOPF),
     ("kopf-in-kube", {"kube/children.py": "import kopf\n"}, KOPF),
     ("kubernetes-in-metrics", {"metrics/prom.py": "import kubernetes\n"}, KUBE),
     ("kubernetes-in-handlers", {"handlers/passes.py": "from kubernetes import client\n"}, KUBE),
-    ("kubernetes-in-localcluster-outside-the-kubelet", {"localcluster/cluster.py": "import kubernetes\n"}, KUBE),
+    ("kubernetes-in-the-dev-cluster-outside-the-kubelet", {"dev/localcluster/cluster.py": "import kubernetes\n"}, KUBE),
+    ("kubernetes-in-the-dev-stack", {"dev/stack.py": "import kubernetes\n"}, KUBE),
+    ("kopf-in-a-cli-command", {"cli/router_fleet.py": "import kopf\n"}, KOPF),
 ]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rolloutpool.localcluster.kubelet_decide import (
+from rolloutpool.dev.kubelet.decide import (
     DEFAULT_IMAGE_PATTERN,
     EnvError,
     allocate_ip,
@@ -23,8 +23,8 @@ from rolloutpool.localcluster.kubelet_decide import (
     schedule_fit,
     substitute_paths,
 )
-from rolloutpool.localcluster.kubelet_pods import ApiTarget, api_target
-from rolloutpool.localcluster.kubelet_status import (
+from rolloutpool.dev.kubelet.pods import ApiTarget, api_target
+from rolloutpool.dev.kubelet.status import (
     ContainerView,
     ProbeState,
     Terminated,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.localcluster.cluster import free_port
-from rolloutpool.localcluster.kubelet_runtime import ContainerRun, Launch, PodRun
+from rolloutpool.dev.kubelet.runtime import ContainerRun, Launch, PodRun
+from rolloutpool.dev.localcluster.cluster import free_port
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rolloutpool.localcluster.prometheus import (
+from rolloutpool.dev.localcluster.prometheus import (
     StaticTarget,
     find_prometheus,
     http_sd_pods_scrape_config,

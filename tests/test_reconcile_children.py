@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.cli import router_command
+from rolloutpool.cli.router import router_command
 from rolloutpool.reconcile.children import (
     STATE_PATH,
     desired_engine_pods,

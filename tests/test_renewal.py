@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutpool.engine.core import Engine, EngineConfig, Request
-from rolloutpool.engine.hashing import hash_token_blocks
+from rolloutpool.engine.model.core import Engine, EngineConfig, Request
+from rolloutpool.engine.model.hashing import hash_token_blocks
 from rolloutpool.routing.renewal import RenewalClock, RenewalConfig
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
 from rolloutpool.sim.renewal import SimRenewals

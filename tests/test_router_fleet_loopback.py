@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rolloutpool.bench.fleet import FleetUrls, start_engines, start_fleet
-from rolloutpool.bench.processes import ProcessSet
+from rolloutpool.dev.bench.fleet import FleetUrls, start_engines, start_fleet
+from rolloutpool.dev.bench.processes import ProcessSet
 from rolloutpool.reconcile.assignment import assign_engines
 from rolloutpool.router.fleet import FORWARDED_HEADER
 from rolloutpool.router.proxy import REPLICA_HEADER

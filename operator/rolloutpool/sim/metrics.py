@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rolloutpool.engine.core import Engine
+from rolloutpool.engine.model.core import Engine
 
 if TYPE_CHECKING:
     from rolloutpool.sim.adaptive import AdaptiveCaps, ControlPoint

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rolloutpool.engine.core import Request
+from rolloutpool.engine.model.core import Request
 from rolloutpool.routing.renewal import RenewalClock, RenewalConfig
 
 __all__ = ["RenewalTotals", "SimRenewals"]

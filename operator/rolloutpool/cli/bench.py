@@ -1,0 +1,213 @@
+"""The ``rolloutpool bench`` click command (registered on the main group by ``rolloutpool.cli``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import click
+from rich.console import Console
+
+from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
+from rolloutpool.sim.workload import SCENARIOS, scenario
+
+__all__ = ["bench_command"]
+
+_console = Console(width=160)
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds through every ProcessSet, which stops its children
+
+
+def _find_vllm_router(name: str) -> str:
+    # on PATH, or installed next to this Python (a venv's bin/ when the venv is not activated)
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise click.UsageError(f"{name!r} not found; `pip install vllm-router` or pick --router rolloutpool")
+    return found
+
+
+def _overhead_only(
+    chosen: tuple[str, ...], vllm_router_bin: str, *, rounds: int, duration_s: float, out_dir: Path
+) -> None:
+    from rolloutpool.dev.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
+    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
+
+    peer = _find_vllm_router(vllm_router_bin) if any(r in VLLM_ROUTERS for r in chosen) else None
+    config = OverheadOnlyConfig(out_dir=out_dir, vllm_router_bin=peer, rounds=rounds, duration_s=duration_s)
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        summary = run_overhead_only(config, lambda m: click.echo(f"[{time.monotonic() - started:6.1f}s] {m}"))
+    except KeyboardInterrupt:
+        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
+        sys.exit(130)
+    except (ReadinessError, RuntimeError) as err:
+        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    summary["command"] = shlex.join(["rolloutpool", *sys.argv[1:]])
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    click.echo(markdown(summary))
+    click.echo(f"Wrote {out_dir / 'summary.json'} and {out_dir / 'summary.md'}")
+
+
+@click.command("bench")
+@click.option(
+    "--scenario", "scenario_name", type=click.Choice(sorted(SCENARIOS)), default="agentic-grpo", show_default=True
+)
+@click.option(
+    "--context-scale",
+    type=click.FloatRange(min=0.01, max=1.0),
+    default=0.25,
+    show_default=True,
+    help="Scale of prompt, action and observation lengths (fits small KV pools).",
+)
+@click.option(
+    "--router",
+    "routers",
+    type=click.Choice(ROUTER_NAMES),
+    multiple=True,
+    help="Configuration to run (repeatable). Default: " + ", ".join(DEFAULT_ROUTERS) + ".",
+)
+@click.option("--replicas", type=click.IntRange(min=1, max=16), default=4, show_default=True)
+@click.option("--kv-capacity-tokens", type=click.IntRange(min=1024), default=65536, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=256), default=8192, show_default=True)
+@click.option("--time-scale", type=click.FloatRange(min=0.1), default=10.0, show_default=True)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(min=1),
+    default=75.0,
+    show_default=True,
+    help="Wall seconds of each configuration's measured window.",
+)
+@click.option("--in-flight", type=click.IntRange(min=0), default=0, help="Trajectories in flight (0: --load x floor).")
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.01),
+    default=2.0,
+    show_default=True,
+    help="In-flight trajectories as a multiple of the fleet's conservative capacity.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload seed (same for every router).")
+@click.option("--engine-seed", type=int, default=0, show_default=True)
+@click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
+@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
+@click.option(
+    "--scrape-interval",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Wall seconds between metric scrapes (our router; vllm-router's metrics_interval_seconds).",
+)
+@click.option("--queue-timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
+@click.option("--vllm-router-bin", default="vllm-router", show_default=True)
+@click.option("--overhead/--no-overhead", default=True, show_default=True)
+@click.option("--overhead-concurrency", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--overhead-rounds", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--overhead-slice", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option(
+    "--overhead-only",
+    is_flag=True,
+    help="Only the wrk overhead comparison: direct / vllm-router / ours, small and 200 KB bodies, interleaved "
+    "rounds (--overhead-rounds), then the added p50 at half vllm-router's saturation rate.",
+)
+@click.option(
+    "--wrk-duration", type=click.FloatRange(min=1), default=8.0, show_default=True, help="Seconds per wrk run."
+)
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/bench"), show_default=True
+)
+def bench_command(  # noqa: PLR0917 - click passes every option as a positional parameter
+    scenario_name: str,
+    context_scale: float,
+    routers: tuple[str, ...],
+    replicas: int,
+    kv_capacity_tokens: int,
+    max_model_len: int,
+    time_scale: float,
+    duration_s: float,
+    in_flight: int,
+    load: float,
+    seed: int,
+    engine_seed: int,
+    residency: float,
+    headroom: float,
+    scrape_interval: float,
+    queue_timeout: float,
+    vllm_router_bin: str,
+    overhead: bool,
+    overhead_concurrency: int,
+    overhead_rounds: int,
+    overhead_slice: float,
+    overhead_only: bool,
+    wrk_duration: float,
+    out_dir: Path,
+) -> None:
+    """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
+    # imported here, not at module level: every `rolloutpool` command imports this module
+    from rolloutpool.dev.bench.overhead import OverheadConfig  # noqa: PLC0415
+    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
+    from rolloutpool.dev.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
+    from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
+
+    chosen = routers or DEFAULT_ROUTERS
+    if overhead_only:
+        _overhead_only(chosen, vllm_router_bin, rounds=overhead_rounds, duration_s=wrk_duration, out_dir=out_dir)
+        return
+    if (kv_capacity_tokens // 16 - 1) * 16 < max_model_len:
+        raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
+    if any(r in VLLM_ROUTERS for r in chosen):
+        vllm_router_bin = _find_vllm_router(vllm_router_bin)
+    config = BenchConfig(
+        scenario=scaled_scenario(scenario(scenario_name), context_scale=context_scale, max_model_len=max_model_len),
+        routers=tuple(chosen),
+        replicas=replicas,
+        kv_capacity_tokens=kv_capacity_tokens,
+        time_scale=time_scale,
+        duration_s=duration_s,
+        in_flight=in_flight,
+        load=load,
+        seed=seed,
+        engine_seed=engine_seed,
+        residency=residency,
+        headroom=headroom,
+        scrape_interval_s=scrape_interval,
+        queue_timeout_s=queue_timeout,
+        vllm_router_bin=vllm_router_bin,
+        out_dir=out_dir,
+        context_scale=context_scale,
+        overhead=OverheadConfig(concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice)
+        if overhead
+        else None,
+    )
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.monotonic() - started:6.1f}s] {message}")
+
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        result = run_bench(config, progress)
+    except KeyboardInterrupt:
+        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
+        sys.exit(130)
+    except ReadinessError as err:
+        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    result.config["command"] = shlex.join(["rolloutpool", *sys.argv[1:]])
+    _console.print(runs_table(result))
+    if result.overhead:
+        _console.print(overhead_table(result))
+    json_path, md_path = write_outputs(result, out_dir)
+    leftovers = [pid for run in result.runs for pid in run.leftover_pids]
+    click.echo(f"Wrote {json_path} and {md_path}" + (f"; processes left behind: {leftovers}" if leftovers else ""))

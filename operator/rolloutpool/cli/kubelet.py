@@ -1,0 +1,92 @@
+"""``rolloutpool localcluster kubelet``: the process kubelet in the foreground until SIGTERM/SIGINT.
+
+``LocalCluster(kubelet=True)`` (and ``rolloutpool localcluster up --kubelet``) runs this
+command as one more child process of the control plane, so a detached cluster keeps
+its kubelet and ``down`` stops it (the kubelet then stops every pod process).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+__all__ = ["kubelet_command", "run_kubelet"]
+
+
+def run_kubelet(
+    *,
+    directory: Path,
+    kubeconfig: Path,
+    node_name: str,
+    scheduler_name: str,
+    pod_subnet: str,
+    gpus: int,
+    backoff_base: float,
+    stop: threading.Event,
+) -> None:
+    """Run a :class:`ProcessKubelet` until ``stop`` is set; every pod process is stopped on the way out."""
+    from rolloutpool.dev.kubelet.kubelet import ProcessKubelet  # noqa: PLC0415 - keep the CLI import light
+
+    with ProcessKubelet(
+        kubeconfig,
+        directory,
+        node_name=node_name,
+        scheduler_name=scheduler_name,
+        pod_subnet=pod_subnet,
+        gpus=gpus,
+        backoff_base=backoff_base,
+    ):
+        stop.wait()
+
+
+@click.command("kubelet")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The cluster's directory (its kubeconfig is read from there; pods live in <dir>/kubelet).",
+)
+@click.option(
+    "--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Default: <dir>/kubeconfig."
+)
+@click.option("--node-name", default="rolloutpool-local", show_default=True)
+@click.option(
+    "--scheduler-name", default="default-scheduler", show_default=True, help="Bind pods naming this scheduler."
+)
+@click.option("--pod-subnet", default="127.0.0.0/24", show_default=True, help="Loopback /24 of the pod addresses.")
+@click.option("--gpus", type=click.IntRange(min=0), default=8, show_default=True, help="nvidia.com/gpu capacity.")
+@click.option("--backoff-base", type=click.FloatRange(min=0.01), default=10.0, show_default=True)
+def kubelet_command(  # noqa: PLR0917 - click passes every option as a positional parameter
+    directory: Path,
+    kubeconfig: Path | None,
+    node_name: str,
+    scheduler_name: str,
+    pod_subnet: str,
+    gpus: int,
+    backoff_base: float,
+) -> None:
+    """Run the process kubelet: a Node whose pods of our image run as local processes."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    run_kubelet(
+        directory=directory / "kubelet",
+        kubeconfig=kubeconfig or directory / "kubeconfig",
+        node_name=node_name,
+        scheduler_name=scheduler_name,
+        pod_subnet=pod_subnet,
+        gpus=gpus,
+        backoff_base=backoff_base,
+        stop=stop,
+    )

@@ -1,0 +1,165 @@
+"""``rolloutpool router``: the session router in front of engines (static, discovered, or one of a fleet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["router_command"]
+
+
+@click.command(
+    "router",
+    # vllm-router's flags (--worker-urls URL..., --policy, ...) arrive as extra arguments: router/compat.py
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="vllm-router's flags are accepted too (--worker-urls URL..., --policy, --request-id-headers, ...): "
+    "see docs/migrating-from-vllm-router.md.",
+)
+@click.pass_context
+@click.option("--replica", "replicas", multiple=True, help="name=url of an engine (repeatable).")
+@click.option("--discover-namespace", default=None, help="Discover replicas from the pods of this namespace.")
+@click.option(
+    "--discover-selector", default=None, help="Label selector of the engine pods (with --discover-namespace)."
+)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Default: in-cluster config.")
+@click.option(
+    "--pool", default=None, help="RolloutPool (in --discover-namespace) whose status caps and quarantine apply."
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None, help="Derive caps from KV capacity.")
+@click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
+@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
+@click.option("--cap-ceiling", type=click.IntRange(min=0), default=None)
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
+@click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
+@click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
+@click.option("--scrape-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
+@click.option("--upstream-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True)
+@click.option(
+    "--renew-every",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Prefix renewal: re-send the last context of a session idle this long with max_tokens=1 so the engine "
+    "keeps its prefix cached. Off by default: each renewal re-sends a whole prompt, which costs the engine's "
+    "API server tokenization CPU.",
+)
+@click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--session-body-field",
+    "session_body_fields",
+    multiple=True,
+    help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
+    "Default: session_params.session_id, session_id, user.",
+)
+# -- one of N routers (cli/router_fleet.py) --
+@click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
+@click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
+@click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
+@click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
+def router_command(
+    ctx: click.Context,
+    replicas: tuple[str, ...],
+    discover_namespace: str | None,
+    discover_selector: str | None,
+    kubeconfig: str | None,
+    pool: str | None,
+    host: str,
+    port: int,
+    cap: int | None,
+    max_model_len: int | None,
+    residency: float,
+    headroom: float,
+    cap_ceiling: int | None,
+    idle_timeout: float,
+    queue_max: int,
+    queue_timeout: float,
+    scrape_interval: float,
+    upstream_timeout: float,
+    renew_every: float | None,
+    admin_token_file: Path | None,
+    state_path: Path | None,
+    session_body_fields: tuple[str, ...],
+    self_name: str | None,
+    peer_selector: str | None,
+    self_url: str | None,
+    peer_urls: tuple[str, ...],
+) -> None:
+    """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
+    import logging  # noqa: PLC0415
+
+    from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
+    from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
+    from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
+
+    try:
+        compat = translate(list(ctx.args))
+    except CompatError as err:
+        raise click.UsageError(str(err)) from err
+    level = getattr(logging, (compat.log_level or "info").upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for flag, reason in compat.accepted:
+        logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if bool(replicas or compat.worker_urls) == bool(discover_namespace):
+        raise click.UsageError(
+            "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
+        )
+    try:
+        specs = tuple(parse_replica(r) for r in replicas)
+        specs += tuple(ReplicaSpec(name=replica_name(url), url=url) for url in compat.worker_urls)
+        settings: dict[str, Any] = {
+            "replicas": specs,
+            "discovery": discover_namespace is not None,
+            "host": host,
+            "port": port,
+            "cap": cap,
+            "max_model_len": max_model_len,
+            "expected_residency": residency,
+            "headroom": headroom,
+            "cap_ceiling": cap_ceiling,
+            "idle_timeout_s": idle_timeout,
+            "queue_max": queue_max,
+            "queue_timeout_s": queue_timeout,
+            "scrape_interval_s": scrape_interval,
+            "upstream_timeout_s": upstream_timeout,
+            "renew_every_s": renew_every,
+            "state_path": state_path,
+            "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
+            "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
+        }
+        settings.update(compat.overrides)  # a vllm-router flag wins over our default
+        config = RouterConfig(**settings)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    if self_url or peer_urls or self_name or peer_selector:
+        from rolloutpool.cli.router_fleet import run_fleet_member  # noqa: PLC0415
+
+        run_fleet_member(
+            config,
+            self_name=self_name,
+            peer_selector=peer_selector,
+            self_url=self_url,
+            peer_urls=peer_urls,
+            kubeconfig=kubeconfig,
+            namespace=discover_namespace,
+            selector=discover_selector,
+            pool=pool,
+        )
+        return
+    if discover_namespace is None:
+        if pool is not None:
+            raise click.UsageError("--pool needs --discover-namespace")
+        run_router(config)
+        return
+    from rolloutpool.kube.pods import PodWatch, api_client  # noqa: PLC0415
+    from rolloutpool.kube.pools import PoolWatch  # noqa: PLC0415
+
+    api = api_client(kubeconfig)
+    pods = PodWatch(api, namespace=discover_namespace, selector=discover_selector or "")
+    limits = PoolWatch(api, namespace=discover_namespace, name=pool).events if pool else None
+    run_router(config, discovery=pods.events, limits=limits)

@@ -1,0 +1,167 @@
+"""``rolloutpool simulate``: a fleet in virtual time under every placement policy, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+__all__ = ["simulate"]
+
+_console = Console()
+
+
+@click.command()
+@click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
+@click.option(
+    "--workload",
+    "workload_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Your own workload (YAML, see rolloutpool.sim.workload_file) instead of --scenario.",
+)
+@click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
+@click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=7200.0, show_default=True)
+@click.option(
+    "--load",
+    "loads",
+    type=click.FloatRange(min=0.01),
+    multiple=True,
+    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). Default: 1.5.",
+)
+@click.option("--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all.")
+@click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
+@click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
+@click.option(
+    "--renew-every",
+    "renew_every_s",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="Our policy renews an idle live session's cached prefix every SECONDS (default: no renewal).",
+)
+@click.option(
+    "--weight-update-every",
+    "weight_update_every_s",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Weight-update scenario: every SECONDS pause the engines (in-flight requests finish), reset every "
+    "prefix cache, load for --weight-update-load and resume, as an RL step does (default: no updates).",
+)
+@click.option("--weight-update-load", "weight_update_load_s", type=click.FloatRange(min=0), default=20.0)
+@click.option(
+    "--weight-update-unannounced",
+    is_flag=True,
+    help="Control run: the router, its fast quarantine and the law are not told of the updates.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+def simulate(
+    scenario_name: str,
+    workload_file: Path | None,
+    replicas: int,
+    hardware: str,
+    duration_s: float,
+    loads: tuple[float, ...],
+    policies: tuple[str, ...],
+    residency: float,
+    headroom: float,
+    renew_every_s: float | None,
+    weight_update_every_s: float | None,
+    weight_update_load_s: float,
+    weight_update_unannounced: bool,
+    seed: int,
+    workers: int,
+    out_dir: Path,
+    no_plots: bool,
+) -> None:
+    """Simulate a fleet in virtual time under every placement policy, side by side."""
+    import time  # noqa: PLC0415
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
+    from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.report import (  # noqa: PLC0415
+        markdown_from_json,
+        ratios,
+        results_json,
+        results_table,
+        write_plots,
+    )
+    from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
+    from rolloutpool.sim.workload import scenario  # noqa: PLC0415
+
+    known = (*POLICIES, ADAPTIVE)
+    unknown = [p for p in policies if p not in known]
+    if unknown:
+        raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(known)}")
+    try:
+        if workload_file is not None:
+            from rolloutpool.sim.workload_file import load_workload  # noqa: PLC0415
+
+            chosen = load_workload(workload_file)
+        else:
+            chosen = scenario(scenario_name)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    base = FleetConfig(
+        scenario=chosen,
+        in_flight=1,
+        replicas=replicas,
+        hardware=hardware,
+        duration_s=duration_s,
+        seed=seed,
+        expected_residency=residency,
+        headroom=headroom,
+        renew_every_s=renew_every_s,
+        weight_updates=None
+        if weight_update_every_s is None
+        else WeightUpdateConfig(
+            every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
+        ),
+    )
+    jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    _console.print(
+        f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
+        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
+    )
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=_console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("simulating", total=len(jobs))
+
+        def done(job: object, result: object, wall: float) -> None:
+            progress.advance(task)
+            progress.console.log(
+                f"Finished {getattr(result, 'policy', '?')} at load {getattr(job, 'load', '?')}x in {wall:.1f}s"
+            )
+
+        runs = run_jobs(jobs, workers=workers, on_done=done)
+    wall = time.perf_counter() - started
+    _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
+    for load, r in ratios(runs).items():
+        _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
+    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
+        _console.print(line)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
+            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
+    if renew_every_s is not None:
+        meta["renew_every_s"] = renew_every_s
+    if weight_update_every_s is not None:
+        meta["weight_update_every_s"] = weight_update_every_s
+        meta["weight_update_announced"] = not weight_update_unannounced
+    text = results_json(runs, meta)
+    (out_dir / "results.json").write_text(text)
+    (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))
+    written = [] if no_plots else write_plots(runs, out_dir)
+    _console.print(f"Wrote {out_dir / 'results.json'}, {out_dir / 'results.md'}" + "".join(f", {p}" for p in written))

@@ -1,0 +1,167 @@
+"""Router configurations of the benchmark and their command lines (pure, no I/O).
+
+Each peer is configured at its best (DESIGN section 8):
+
+- ``rolloutpool``: our router, caps derived from each replica's KV capacity;
+- ``vllm-consistent-hash``: vllm-router ``--policy consistent_hash`` (the key is ``X-Session-ID``);
+- ``vllm-sticky-least-loaded``: ``--policy sticky_least_loaded``; the client calls
+  ``POST /finish_session`` at every trajectory end;
+- ``vllm-program``: ``--enable-program-scheduling`` with ``program_scheduling_enable_key:
+  auto`` (so ``x-session-id`` opts in), ``token_capacity_per_target`` = the replica's KV
+  tokens, ``binding_strategy: least_program_count``, ``global_queue: true`` and cost
+  coefficients calibrated to engine-sim's cost model.
+
+``vllm-cache-aware``, ``vllm-power-of-two`` and ``vllm-round-robin`` can be asked for
+(``--router``); they keep no session affinity by key, so they are not run by default.
+
+Engine-sim runs ``time_scale`` simulated seconds per wall second, while vllm-router
+measures wall time; so every coefficient and time constant that describes the
+engine or the workload is divided by ``time_scale`` (what vllm-router would see on
+the real hardware, compressed like everything else).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutpool.engine.model.cost import CostModel
+
+__all__ = [
+    "DEFAULT_ROUTERS",
+    "OURS",
+    "ROUTER_NAMES",
+    "VLLM_ROUTERS",
+    "RouterLaunch",
+    "our_router_argv",
+    "program_scheduling_config",
+    "vllm_router_argv",
+]
+
+OURS = "rolloutpool"
+VLLM_ROUTERS: dict[str, str] = {
+    "vllm-consistent-hash": "consistent_hash",
+    "vllm-sticky-least-loaded": "sticky_least_loaded",
+    "vllm-program": "consistent_hash",
+    "vllm-cache-aware": "cache_aware",
+    "vllm-power-of-two": "power_of_two",
+    "vllm-round-robin": "round_robin",
+}
+"""Benchmark name -> vllm-router ``--policy`` (program scheduling keeps consistent hash as its fallback)."""
+ROUTER_NAMES: tuple[str, ...] = (OURS, *VLLM_ROUTERS)
+"""Every configuration ``bench`` can run."""
+DEFAULT_ROUTERS: tuple[str, ...] = (OURS, "vllm-consistent-hash", "vllm-sticky-least-loaded", "vllm-program")
+"""What ``bench`` runs unless told otherwise: vllm-router's session-aware configurations."""
+
+
+@dataclass(frozen=True)
+class RouterLaunch:
+    """What a router process needs to know about the fleet and the run."""
+
+    replica_urls: tuple[str, ...]
+    port: int
+    kv_capacity_tokens: int
+    """Per replica."""
+    max_model_len: int | None
+    """``None``: no caps (the overhead measurement)."""
+    time_scale: float
+    scrape_interval_s: float
+    queue_timeout_s: float
+    residency: float = 0.5
+    headroom: float = 0.1
+    typical_prefill_tokens: int = 1000
+    """New (uncached) tokens of a typical returning turn: calibrates ``decode_throughput_alpha``."""
+    prometheus_port: int = 0
+    """vllm-router's metrics port (it binds one; never its default 29000)."""
+
+
+def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
+    """``rolloutpool router`` arguments (``prefix`` runs the ``rolloutpool`` command)."""
+    argv = [*prefix, "router", "--host", "127.0.0.1", "--port", str(launch.port)]
+    for i, url in enumerate(launch.replica_urls):
+        argv += ["--replica", f"r{i}={url}"]
+    if launch.max_model_len is not None:
+        argv += ["--max-model-len", str(launch.max_model_len)]
+        argv += ["--residency", str(launch.residency), "--headroom", str(launch.headroom)]
+    argv += [
+        "--scrape-interval", str(launch.scrape_interval_s),
+        "--queue-timeout", str(launch.queue_timeout_s),
+        "--queue-max", "100000",
+    ]  # fmt: skip
+    return argv
+
+
+def program_scheduling_config(
+    *,
+    kv_capacity_tokens: int,
+    time_scale: float,
+    metrics_interval_s: float,
+    queue_timeout_s: float,
+    typical_prefill_tokens: int,
+    cost: CostModel | None = None,
+) -> dict[str, Any]:
+    """vllm-router's program-scheduling object, calibrated to engine-sim's cost model (pure).
+
+    Step cost of engine-sim: ``overhead + prefill/rate + (weights + kv_tokens * kv_bytes) / bandwidth``.
+    So a cold prefill costs ``fixed + tokens/rate`` (no quadratic term); a decode step
+    costs ``fixed + context_tokens * kv_bytes / bandwidth`` (no per-request term); and
+    while a typical prefill shares a step, decode keeps ``fixed / (fixed + prefill/rate)``
+    of its throughput. Times are wall seconds: simulated seconds / ``time_scale``.
+    """
+    c = cost or CostModel()
+    fixed = c.step_overhead_s + c.weight_bytes / c.hbm_bytes_per_s
+    prefill_s = typical_prefill_tokens / c.prefill_tokens_per_s
+    wall = 1.0 / time_scale
+    return {
+        "program_scheduling_enable_key": "auto",
+        "token_capacity_per_target": kv_capacity_tokens,
+        "binding_strategy": "least_program_count",
+        "global_queue": True,
+        "metrics_interval_seconds": metrics_interval_s,
+        "queue_timeout_seconds": queue_timeout_s,
+        # the defaults' time constants, in simulated seconds like everything else
+        "max_acting_ttl_seconds": 10.0 * wall,
+        "force_resume_timeout_seconds": 300.0 * wall,
+        "paused_retention_ttl_seconds": 1800.0 * wall,
+        "shared_prefix_freshness_warmup_seconds": 100.0 * wall,
+        "prefill_cost_model": {
+            "intercept_seconds": fixed * wall,
+            "linear_seconds_per_1k_tokens": 1000.0 / c.prefill_tokens_per_s * wall,
+            "quadratic_seconds_per_1k_tokens_squared": 0.0,
+            "decode_throughput_alpha": min(1.0, max(0.0, fixed / (fixed + prefill_s))),
+        },
+        "decode_throughput_model": {
+            "fixed_step_seconds": fixed * wall,
+            "batch_step_seconds_per_request": 0.0,
+            "context_step_seconds_per_token": c.kv_bytes_per_token / c.hbm_bytes_per_s * wall,
+        },
+    }
+
+
+def vllm_router_argv(name: str, launch: RouterLaunch, *, binary: str) -> list[str]:
+    """The vllm-router command line of benchmark configuration ``name``."""
+    policy = VLLM_ROUTERS[name]
+    argv = [
+        binary,
+        "--host", "127.0.0.1",
+        "--port", str(launch.port),
+        "--worker-urls", *launch.replica_urls,
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(launch.prometheus_port),
+        "--worker-startup-check-interval", "1",
+        "--request-timeout-secs", "3600",
+        "--queue-timeout-secs", str(int(max(1, launch.queue_timeout_s))),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    if name == "vllm-program":
+        config = program_scheduling_config(
+            kv_capacity_tokens=launch.kv_capacity_tokens,
+            time_scale=launch.time_scale,
+            metrics_interval_s=launch.scrape_interval_s,
+            queue_timeout_s=launch.queue_timeout_s,
+            typical_prefill_tokens=launch.typical_prefill_tokens,
+        )
+        argv += ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(config)]
+    return argv

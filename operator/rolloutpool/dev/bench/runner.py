@@ -1,0 +1,353 @@
+"""Run the benchmark: each router configuration on fresh engine-sim processes, same workload.
+
+For every configuration: start ``replicas`` engine-sim processes (same seed), start
+the router in front of them, drive the RL-style client for the measured window,
+read the engines' counters at the window's start and end, stop everything and check
+by pid that nothing is left. Then, optionally, the router overhead measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from rolloutpool.capacity import conservative_cap
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
+from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
+from rolloutpool.dev.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.sim.workload import Lognormal, Scenario
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "RouterRun",
+    "describe",
+    "metric_totals",
+    "run_bench",
+    "run_overhead",
+    "run_router",
+    "scaled_scenario",
+]
+
+Progress = Callable[[str], None]
+_COUNTERS = (
+    "vllm:generation_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+)
+
+
+def scaled_scenario(base: Scenario, *, context_scale: float, max_model_len: int) -> Scenario:
+    """``base`` with prompt, action and observation lengths scaled by ``context_scale`` (pure)."""
+
+    def scale(d: Lognormal) -> Lognormal:
+        return Lognormal(max(1.0, d.median * context_scale), max(1.0, d.p90 * context_scale))
+
+    return base.with_(
+        prompt_tokens=scale(base.prompt_tokens),
+        action_tokens=scale(base.action_tokens),
+        observation_tokens=scale(base.observation_tokens),
+        max_model_len=max_model_len,
+    )
+
+
+def metric_totals(text: str, names: tuple[str, ...] = _COUNTERS) -> dict[str, float]:
+    """Each metric in ``names`` summed over its label sets, from Prometheus text (pure)."""
+    totals = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if match and match.group(1) in totals:
+            totals[match.group(1)] += float(match.group(3))
+    return totals
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Every knob of ``rolloutpool bench``."""
+
+    scenario: Scenario
+    routers: tuple[str, ...]
+    replicas: int = 4
+    kv_capacity_tokens: int = 65536
+    time_scale: float = 10.0
+    duration_s: float = 90.0
+    in_flight: int = 0
+    """0: ``load`` x the fleet's conservative capacity."""
+    load: float = 2.0
+    seed: int = 0
+    engine_seed: int = 0
+    residency: float = 0.5
+    headroom: float = 0.1
+    scrape_interval_s: float = 0.5
+    queue_timeout_s: float = 600.0
+    vllm_router_bin: str = "vllm-router"
+    out_dir: Path = Path("out/bench")
+    overhead: OverheadConfig | None = field(default_factory=OverheadConfig)
+    ready_timeout_s: float = 60.0
+    context_scale: float = 1.0
+    """How ``scenario`` was scaled (reported only)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The scenario's context limit, also every engine's and our router's."""
+        return self.scenario.max_model_len
+
+    @property
+    def fleet_floor(self) -> int:
+        """Sessions the fleet holds without any eviction: replicas x (KV // maxModelLen)."""
+        per = conservative_cap(capacity_tokens=self.kv_capacity_tokens, max_model_len=self.max_model_len)
+        return per * self.replicas
+
+    @property
+    def resolved_in_flight(self) -> int:
+        """Trajectories kept in flight."""
+        return self.in_flight or max(1, round(self.load * self.fleet_floor))
+
+    @property
+    def typical_prefill_tokens(self) -> int:
+        """New tokens of a typical returning turn (median action + observation)."""
+        s = self.scenario
+        return round(s.action_tokens.median + s.observation_tokens.median)
+
+
+@dataclass
+class RouterRun:
+    """One configuration's figures (times in simulated seconds unless named wall)."""
+
+    router: str
+    in_flight: int
+    window_wall_s: float
+    generated_tokens: int
+    tokens_per_s: float
+    started: int
+    completed: int
+    completed_per_hour: float
+    turns: int
+    reprefilled_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    preemptions: int
+    prefix_hit_ratio: float
+    p50_trajectory_s: float | None
+    p90_trajectory_s: float | None
+    retries: int
+    errors: int
+    finish_failures: int
+    pids: list[int]
+    """Every process of this configuration (engines and router)."""
+    leftover_pids: list[int]
+    """Those still alive after the stop (should be none)."""
+
+
+@dataclass
+class BenchResult:
+    """The whole benchmark."""
+
+    config: dict[str, object]
+    runs: list[RouterRun]
+    overhead: list[OverheadRow]
+
+
+async def _scrape(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
+    totals = dict.fromkeys(_COUNTERS, 0.0)
+    for url in urls:
+        async with http.get(f"{url}/metrics") as response:
+            for name, value in metric_totals(await response.text()).items():
+                totals[name] += value
+    return totals
+
+
+async def _drive(engine_urls: list[str], client: ClientConfig) -> tuple[ClientResult, dict[str, float]]:
+    """Run the client; return its result and the engines' counter deltas over the window."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        before = await _scrape(http, engine_urls)
+
+        async def at_deadline() -> dict[str, float]:
+            await asyncio.sleep(client.duration_s)
+            return await _scrape(http, engine_urls)
+
+        after_task = asyncio.create_task(at_deadline())
+        result = await run_client(client)
+        after = await after_task
+    return result, {k: after[k] - before[k] for k in _COUNTERS}
+
+
+def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dict[str, float]) -> RouterRun:
+    ts = config.time_scale
+    window = result.window_end - result.window_start
+    sim_window = window * ts
+    times = [t for t in (r.sim_seconds(ts) for r in result.completed) if t is not None]
+    queries = deltas["vllm:prefix_cache_queries_total"]
+    return RouterRun(
+        router=name,
+        in_flight=config.resolved_in_flight,
+        window_wall_s=window,
+        generated_tokens=round(deltas["vllm:generation_tokens_total"]),
+        tokens_per_s=deltas["vllm:generation_tokens_total"] / sim_window if sim_window else 0.0,
+        started=len(result.trajectories),
+        completed=len(result.completed),
+        completed_per_hour=len(result.completed) / sim_window * 3600 if sim_window else 0.0,
+        turns=len(result.turns),
+        reprefilled_tokens=result.reprefilled_tokens,
+        prompt_tokens=sum(t.prompt_tokens for t in result.turns),
+        cached_tokens=sum(t.cached_tokens for t in result.turns),
+        preemptions=round(deltas["vllm:num_preemptions_total"]),
+        prefix_hit_ratio=deltas["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
+        p50_trajectory_s=statistics.median(times) if times else None,
+        p90_trajectory_s=percentile(times, 0.9) if times else None,
+        retries=result.retries,
+        errors=result.errors,
+        finish_failures=result.finish_failures,
+        pids=[],
+        leftover_pids=[],
+    )
+
+
+def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int) -> list[str]:
+    return rolloutpool_argv(
+        "engine-sim",
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--time-scale", str(time_scale),
+        "--kv-capacity-tokens", str(kv_tokens),
+        "--max-model-len", str(config.max_model_len),
+        "--seed", str(config.engine_seed),
+    )  # fmt: skip
+
+
+def _start_router(procs: ProcessSet, name: str, launch: RouterLaunch, config: BenchConfig) -> str:
+    url = f"http://{LOOPBACK}:{launch.port}"
+    if name == OURS:
+        argv = our_router_argv(launch, prefix=rolloutpool_argv())
+        procs.start(name, argv, ready_url=f"{url}/readyz", timeout_s=config.ready_timeout_s)
+    else:
+        argv = vllm_router_argv(name, launch, binary=config.vllm_router_bin)
+        procs.start(name, argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
+    return url
+
+
+def _launch(config: BenchConfig, engine_urls: list[str], *, kv_tokens: int, max_model_len: int | None) -> RouterLaunch:
+    return RouterLaunch(
+        replica_urls=tuple(engine_urls),
+        port=free_port(),
+        kv_capacity_tokens=kv_tokens,
+        max_model_len=max_model_len,
+        time_scale=config.time_scale,
+        scrape_interval_s=config.scrape_interval_s,
+        queue_timeout_s=config.queue_timeout_s,
+        residency=config.residency,
+        headroom=config.headroom,
+        typical_prefill_tokens=config.typical_prefill_tokens,
+        prometheus_port=free_port(),
+    )
+
+
+def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
+    """One configuration on fresh engines; every process is gone when it returns."""
+    procs = ProcessSet(config.out_dir / "logs" / name)
+    with procs:
+        engine_urls = []
+        for i in range(config.replicas):
+            port = free_port()
+            argv = _engine_argv(config, port, time_scale=config.time_scale, kv_tokens=config.kv_capacity_tokens)
+            url = f"http://{LOOPBACK}:{port}"
+            procs.start(f"engine-{i}", argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
+            engine_urls.append(url)
+        launch = _launch(config, engine_urls, kv_tokens=config.kv_capacity_tokens, max_model_len=config.max_model_len)
+        router_url = _start_router(procs, name, launch, config)
+        progress(
+            f"{name}: {config.replicas} engines and the router are ready; "
+            f"driving {config.resolved_in_flight} trajectories for {config.duration_s:.0f} s"
+        )
+        client = ClientConfig(
+            base_url=router_url,
+            scenario=config.scenario,
+            seed=config.seed,
+            in_flight=config.resolved_in_flight,
+            duration_s=config.duration_s,
+            time_scale=config.time_scale,
+        )
+        result, deltas = asyncio.run(_drive(engine_urls, client))
+        pids = procs.pids
+    run = _summarize(name, config, result, deltas)
+    run.pids = pids
+    run.leftover_pids = [pid for pid in pids if pid_alive(pid)]
+    progress(
+        f"{name}: {run.generated_tokens:,} tokens generated, {run.completed} trajectories completed, "
+        f"{run.reprefilled_tokens:,} tokens re-prefilled, {run.preemptions} preemptions"
+    )
+    return run
+
+
+def run_overhead(
+    config: BenchConfig, overhead: OverheadConfig, progress: Progress
+) -> tuple[list[OverheadRow], list[int]]:
+    """Every router in front of one fast engine-sim, against the engine directly; returns leftover pids too."""
+    procs = ProcessSet(config.out_dir / "logs" / "overhead")
+    kv_tokens = 262144
+    with procs:
+        port = free_port()
+        engine_url = f"http://{LOOPBACK}:{port}"
+        argv = _engine_argv(config, port, time_scale=10000.0, kv_tokens=kv_tokens)
+        procs.start("engine", argv, ready_url=f"{engine_url}/health", timeout_s=config.ready_timeout_s)
+        targets = {DIRECT: engine_url}
+        for name in config.routers:
+            launch = _launch(config, [engine_url], kv_tokens=kv_tokens, max_model_len=None)
+            targets[name] = _start_router(procs, name, launch, config)
+        progress(
+            f"overhead: {len(targets)} targets ready; {overhead.rounds} interleaved rounds of "
+            f"{overhead.slice_s:g} s each at concurrency {overhead.concurrency}"
+        )
+        rows = asyncio.run(
+            measure_overhead(targets, overhead, on_round=lambda r, n: progress(f"overhead: round {r}/{n} done"))
+        )
+        pids = procs.pids
+    return rows, [pid for pid in pids if pid_alive(pid)]
+
+
+def run_bench(config: BenchConfig, progress: Progress) -> BenchResult:
+    """Every configuration in turn, then the overhead measurement."""
+    runs = [run_router(name, config, progress) for name in config.routers]
+    rows: list[OverheadRow] = []
+    if config.overhead is not None:
+        rows, leftovers = run_overhead(config, config.overhead, progress)
+        if leftovers:
+            progress(f"overhead: processes left behind: {leftovers}")
+    return BenchResult(config=describe(config), runs=runs, overhead=rows)
+
+
+def describe(config: BenchConfig) -> dict[str, object]:
+    """The configuration as plain JSON data."""
+    s = config.scenario
+    return {
+        "scenario": s.name,
+        "context_scale": config.context_scale,
+        "group_size": s.group_size,
+        "prompt_tokens": [s.prompt_tokens.median, s.prompt_tokens.p90],
+        "action_tokens": [s.action_tokens.median, s.action_tokens.p90],
+        "observation_tokens": [s.observation_tokens.median, s.observation_tokens.p90],
+        "tool_latency_s": [s.tool_latency_s.median, s.tool_latency_s.p90],
+        "turns": [s.turns.median, s.turns.p90],
+        "max_model_len": s.max_model_len,
+        "routers": list(config.routers),
+        "replicas": config.replicas,
+        "kv_capacity_tokens": config.kv_capacity_tokens,
+        "fleet_floor": config.fleet_floor,
+        "in_flight": config.resolved_in_flight,
+        "time_scale": config.time_scale,
+        "duration_s": config.duration_s,
+        "seed": config.seed,
+        "engine_seed": config.engine_seed,
+        "residency": config.residency,
+        "headroom": config.headroom,
+        "scrape_interval_s": config.scrape_interval_s,
+        "queue_timeout_s": config.queue_timeout_s,
+    }

@@ -1,0 +1,414 @@
+"""A vLLM-like continuous-batching scheduler over :class:`BlockPool` (pure, no I/O, no clock).
+
+Behaviours copied from vLLM's V1 scheduler (DESIGN section 5):
+
+- running requests are served first, in admission order; each step a request computes
+  ``len(sequence) - num_computed`` new tokens (its prompt in chunks of the per-step
+  token budget, then one token per step), and samples one token when it has
+  computed its whole sequence;
+- a running request that cannot get a block preempts the newest running request by
+  recompute (blocks freed, request back at the head of the waiting queue); no waiting
+  request is admitted in a step with a preemption;
+- waiting requests are admitted FIFO under ``max_num_seqs`` and the token budget; the
+  prefix-cache hit covers whole blocks of ``sequence[:-1]``; a head that cannot get its
+  blocks blocks the queue;
+- the prefix-cache and prompt counters count a request's first admission only: a
+  preempted request re-admitted is not counted again (vLLM keeps those figures in
+  ``PrefixCacheStats.preempted_*``, which it does not export);
+- full blocks are sealed (made shareable) as soon as they are full, prompt or output.
+
+Time is not read here: :meth:`Engine.step` returns the step's duration from the cost
+model, and the caller (fleet simulator or HTTP server) owns the clock. For speed,
+:meth:`Engine.decode_run` advances many pure-decode steps at once when nothing can
+change the batch in between; its result is identical to repeated single steps. The
+engine keeps the batch's KV sum and a decode cache (each request's last step and block
+phase) up to date as it goes, so planning a run costs little more than the run itself;
+``tests/test_engine.py`` checks both against a recomputation after every step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from rolloutpool.engine.model.blocks import BlockPool
+from rolloutpool.engine.model.request import EngineConfig, EngineCounters, Request, StepOutcome
+
+__all__ = ["Engine", "EngineConfig", "EngineCounters", "Request", "StepOutcome"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Engine:
+    """One replica: waiting queue, running batch, block pool, counters."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.counters = EngineCounters()
+        self._bs = config.block_size
+        self._caching = config.enable_prefix_caching
+        self._kv = 0  # sum of num_computed over the running batch
+        # the decode cache (see decode_run_length): valid while only decode runs changed the batch
+        self._clock = 0  # decode-run steps applied so far
+        self._fins: list[int] | None = None  # running requests' last step on the clock, ascending
+        self._phase_counts: list[int] = []  # running requests by (num_computed - 1 - clock) % block_size
+
+    # -- intake ---------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a request. Raises ``ValueError`` when its prompt cannot fit the context."""
+        if request.prompt_len >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {request.prompt_len} tokens does not fit max_model_len {self.config.max_model_len}"
+            )
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> bool:
+        """Drop a request wherever it is; returns whether it was found."""
+        if request in self.running:
+            self.running.remove(request)
+            self._kv -= request.num_computed
+            self._fins = None
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            return False
+        self._free(request)
+        request.finish_reason = "abort"
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step would do anything."""
+        return bool(self.running or self.waiting)
+
+    # -- one step -------------------------------------------------------------------
+
+    def step(self) -> StepOutcome:
+        """Schedule and execute one engine step."""
+        fins, self._fins = self._fins, None
+        bs, pool = self._bs, self.pool
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            n_new = min(req.prompt_len + req.num_output - computed, budget)
+            need = -(-(computed + n_new) // bs) - req.n_hashed - req.n_private
+            if need:
+                while need > pool.num_free:
+                    victim = running.pop()
+                    self._kv -= victim.num_computed
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                if preempted and preempted[-1] is req:
+                    break
+                pool.take_new(need)
+                req.n_private += need
+            scheduled.append((req, n_new))
+            budget -= n_new
+            i += 1
+        if preempted:
+            return self._execute(scheduled, preempted)
+        self._admit(budget, scheduled)
+        out = self._execute(scheduled, preempted)
+        if fins is not None and i == len(fins):  # every cached request decoded one token
+            self._step_decode_cache(fins, [req for req, _ in scheduled[i:]], out.finished)
+        return out
+
+    def _step_decode_cache(self, fins: list[int], admitted: list[Request], finished: list[Request]) -> None:
+        """Carry the decode cache over a step in which every cached request decoded one token.
+
+        The step is one more tick of the cache's clock for them; the ones it finished
+        leave, and the requests it admitted join if they are decoding now.
+        """
+        bs, counts = self._bs, self._phase_counts
+        clock = self._clock + 1
+        self._clock = clock
+        new = {id(req) for req in admitted}
+        ended = {id(req) for req in finished}
+        done = 0
+        for req in finished:
+            if id(req) not in new:
+                done += 1
+                counts[(req.num_computed - 1 - clock) % bs] -= 1
+        del fins[:done]  # their last step was this one: the front of the list
+        model_len = self.config.max_model_len
+        for req in admitted:
+            if id(req) in ended:
+                continue
+            out = req.num_output
+            seq_len = req.prompt_len + out
+            if seq_len - req.num_computed != 1 or out == 0:
+                return  # still in prefill: the cache stays dropped
+            bisect.insort(fins, clock + min(req.max_tokens - out, model_len - seq_len))
+            counts[(req.num_computed - 1 - clock) % bs] += 1
+        self._fins = fins
+
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        bs, pool = self._bs, self.pool
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            total = req.seq_len
+            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs) if self._caching else (0, 0)
+            hit_tokens = hits * bs
+            n_new = min(total - hit_tokens, budget)
+            need = _ceil_div(hit_tokens + n_new, bs) - hits
+            if need > pool.num_free - (hits - held):
+                break  # head-of-line blocking
+            self.waiting.popleft()
+            pool.take_cached(req.hashes, hits)
+            pool.take_new(need)
+            req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
+            if not req.scheduled_once:  # vLLM exports no figure of preempted re-admissions
+                req.scheduled_once = True
+                req.cached_tokens = hit_tokens
+                counters = self.counters
+                counters.prefix_queries += total
+                counters.prefix_hits += hit_tokens
+                counters.prompt_tokens += req.prompt_len
+                counters.prompt_tokens_cached += hit_tokens
+            self.running.append(req)
+            self._kv += hit_tokens
+            scheduled.append((req, n_new))
+            budget -= n_new
+        return budget
+
+    def _execute(self, scheduled: list[tuple[Request, int]], preempted: list[Request]) -> StepOutcome:
+        cost = self.config.cost
+        prefill_tokens = 0
+        kv_read = kv_new = 0
+        for req, n_new in scheduled:
+            kv_read += req.num_computed
+            kv_new += n_new
+            if n_new > 1 or req.num_output == 0:
+                prefill_tokens += n_new
+        duration = cost.step_seconds(prefill_tokens=prefill_tokens, kv_tokens_read=kv_read) if scheduled else 0.0
+        finished: list[Request] = []
+        first: list[Request] = []
+        generated = 0
+        bs, seal, model_len = self._bs, self.pool.seal, self.config.max_model_len
+        for req, n_new in scheduled:  # _seal and _done, inlined
+            computed = req.num_computed + n_new
+            req.num_computed = computed
+            full = computed // bs
+            n_hashed = req.n_hashed
+            if n_hashed < full:
+                hashes = req.hashes
+                full = min(full, len(hashes))
+                if n_hashed < full:
+                    req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
+                    req.n_private -= full - n_hashed
+                    req.n_hashed = full
+            out = req.num_output
+            if computed == req.prompt_len + out:
+                out += 1
+                req.num_output = out
+                generated += 1
+                if out == 1:
+                    first.append(req)
+                if out >= req.max_tokens:
+                    req.finish_reason = "stop"
+                    finished.append(req)
+                elif req.prompt_len + out >= model_len:
+                    req.finish_reason = "length"
+                    finished.append(req)
+        self._kv += kv_new
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += 1 if scheduled else 0
+        self.counters.busy_seconds += duration
+        return StepOutcome(duration, 1 if scheduled else 0, finished, first, preempted, generated)
+
+    # -- many decode steps at once ----------------------------------------------------
+
+    def decode_run_length(self, max_steps: int) -> int:
+        """Steps that would all be pure decode with an unchanged batch (0: use :meth:`step`).
+
+        True when every running request is decoding, nobody can be admitted, and blocks
+        suffice; the run ends at the first finish (included) or before a block shortage.
+
+        The block limit is closed form: a request with ``c`` computed tokens holds
+        ``ceil(c / bs)`` blocks and needs a new one at steps ``a + 1``, ``a + 1 + bs``,
+        ... where ``a = bs - 1 - (c - 1) % bs``, so ``s = q * bs + t`` steps cost
+        ``batch * q`` blocks plus one per request with ``(c - 1) % bs >= bs - t``.
+
+        The per-request figures (last step, phase ``(c - 1) % bs``) are kept in a cache
+        on a clock of decode steps, so that after a decode run only the finished requests
+        leave it; any other change to the batch drops it.
+        """
+        running = self.running
+        if not running or max_steps < 1:
+            return 0
+        batch = len(running)
+        if batch > self.config.max_num_batched_tokens:
+            return 0
+        fins = self._fins if self._fins is not None else self._decode_cache()
+        if fins is None:
+            return 0
+        remaining = min(fins[0] - self._clock, max_steps)
+        if remaining < 1 or self._admissible():
+            return 0
+        # the largest s with _blocks_needed(s) <= free: whole cycles of bs steps cost
+        # one block per request; the leftover blocks cover the `spare` requests whose
+        # next block comes soonest (largest phase)
+        cycles, spare = divmod(self.pool.num_free, batch)
+        bs, clock, counts = self._bs, self._clock, self._phase_counts
+        phase = bs - 1
+        while True:
+            spare -= counts[(phase - clock) % bs]
+            if spare < 0:
+                break
+            phase -= 1
+        steps = cycles * bs + bs - 1 - phase
+        return min(remaining, steps) if steps >= 1 else 0
+
+    def _decode_cache(self) -> list[int] | None:
+        """Build the decode cache when every running request is decoding (else None)."""
+        bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
+        last = self.running[-1]  # the newest (just admitted, perhaps still in prefill): a quick no
+        if last.prompt_len + last.num_output - last.num_computed != 1 or last.num_output == 0:
+            return None
+        fins: list[int] = []
+        counts = [0] * bs
+        for req in self.running:
+            computed, out = req.num_computed, req.num_output
+            seq_len = req.prompt_len + out
+            if seq_len - computed != 1 or out == 0:
+                return None
+            fins.append(clock + min(req.max_tokens - out, model_len - seq_len))
+            counts[(computed - 1 - clock) % bs] += 1
+        fins.sort()
+        self._fins, self._phase_counts = fins, counts
+        return fins
+
+    def decode_run_seconds(self, steps: int) -> float:
+        """Duration of the first ``steps`` steps of a decode run (pure arithmetic)."""
+        return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=self._kv)
+
+    def decode_steps_within(self, seconds: float, max_steps: int) -> int:
+        """The most steps (up to ``max_steps``, at least 0) of a decode run that end by ``seconds``."""
+        return self.config.cost.decode_steps_within(
+            seconds, max_steps=max_steps, batch=len(self.running), kv_tokens_read=self._kv
+        )
+
+    def decode_run(self, steps: int) -> StepOutcome:
+        """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
+        duration = self.decode_run_seconds(steps)
+        running = self.running
+        bs, seal, clock = self._bs, self.pool.seal, self._clock
+        fins, counts = self._fins, self._phase_counts
+        need = self._decode_blocks_needed(steps)
+        if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
+            raise RuntimeError("decode_run asked for more steps than blocks allow")
+        # below a block of steps, a request whose (num_computed - 1) % bs stays clear of the
+        # block edges neither fills a block nor starts one: only its counters move
+        edge = steps if steps < bs else bs
+        last = bs - 1
+        for req in running:  # the loop of step() with its seal, inlined: this is the hot path
+            computed = req.num_computed + steps
+            req.num_computed = computed
+            req.num_output += steps
+            phase = (computed - 1) % bs
+            if phase >= edge and phase != last:
+                continue
+            full = computed // bs
+            n_hashed = req.n_hashed
+            if n_hashed < full:
+                hashes = req.hashes
+                full = min(full, len(hashes))
+                if n_hashed < full:
+                    req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
+                    req.n_hashed = full
+            req.n_private = -(-computed // bs) - full
+        clock += steps
+        self._clock = clock
+        self._kv += steps * len(running)
+        finished = self._decoded_finished() if fins is None or fins[0] <= clock else []
+        generated = steps * len(running)
+        if fins is not None and finished:
+            del fins[: len(finished)]
+            for req in finished:
+                counts[(req.num_computed - 1 - clock) % bs] -= 1
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += steps
+        self.counters.busy_seconds += duration
+        return StepOutcome(duration, steps, finished, [], [], generated)
+
+    def _decode_blocks_needed(self, steps: int) -> int:
+        """:meth:`_blocks_needed` of a decode run: from the phase counts when the decode cache is valid."""
+        bs, running = self._bs, self.running
+        if self._fins is None:
+            return sum(-(-(r.num_computed + steps) // bs) - r.n_hashed - r.n_private for r in running)
+        clock, counts = self._clock, self._phase_counts
+        need = len(running) * (steps // bs)
+        for phase in range(bs - steps % bs, bs):
+            need += counts[(phase - clock) % bs]
+        return need
+
+    def _decoded_finished(self) -> list[Request]:
+        """The running requests a decode run just finished, in batch order, with their finish reasons."""
+        finished: list[Request] = []
+        model_len = self.config.max_model_len
+        for req in self.running:
+            if req.num_output >= req.max_tokens:
+                req.finish_reason = "stop"
+                finished.append(req)
+            elif req.prompt_len + req.num_output >= model_len:
+                req.finish_reason = "length"
+                finished.append(req)
+        return finished
+
+    def _blocks_needed(self, steps: int) -> int:
+        bs = self._bs
+        return sum(_ceil_div(r.num_computed + steps, bs) - r.held_blocks for r in self.running)
+
+    def _admissible(self) -> bool:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        req = self.waiting[0]
+        bs = self._bs
+        budget = self.config.max_num_batched_tokens - len(self.running)
+        if budget <= 0:
+            return False
+        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs) if self._caching else (0, 0)
+        n_new = min(req.seq_len - hits * bs, budget)
+        need = _ceil_div(hits * bs + n_new, bs) - hits
+        return need <= self.pool.num_free - (hits - held)
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _finish(self, finished: list[Request]) -> None:
+        if not finished:
+            return
+        done = {id(r) for r in finished}
+        self.running = [r for r in self.running if id(r) not in done]
+        for req in finished:
+            self._kv -= req.num_computed
+            self._free(req)
+            if req.finish_reason == "stop":
+                self.counters.finished_stop += 1
+            else:
+                self.counters.finished_length += 1
+
+    def _free(self, req: Request) -> None:
+        self.pool.release(req.hashes, req.n_hashed, req.n_private)
+        req.n_hashed = req.n_private = 0
+
+    def _preempt(self, req: Request) -> None:
+        self._free(req)
+        req.num_computed = 0
+        req.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)

@@ -1,0 +1,123 @@
+"""The engine model's data: a replica's limits, one request, counters, a step's outcome (pure).
+
+:mod:`rolloutpool.engine.model.core` schedules over these and re-exports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutpool.engine.model.cost import CostModel
+
+__all__ = ["EngineConfig", "EngineCounters", "Request", "StepOutcome"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler limits of one replica."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 32768
+    cost: CostModel = field(default_factory=CostModel)
+    enable_prefix_caching: bool = True
+    """vLLM's ``--enable-prefix-caching`` (on by default): off, no admission finds a cached block."""
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """``num_gpu_blocks * block_size`` as vLLM reports it."""
+        return self.num_gpu_blocks * self.block_size
+
+
+class Request:
+    """One generation request: a prompt, a planned output length, and the chain hashes.
+
+    ``hashes`` holds the chain hash of every full block of ``prompt + planned output``;
+    blocks beyond it (never reached) are not needed. ``tag`` is the caller's.
+    """
+
+    __slots__ = (
+        "arrival",
+        "cached_tokens",
+        "finish_reason",
+        "first_token_step",
+        "hashes",
+        "max_tokens",
+        "n_hashed",
+        "n_private",
+        "num_computed",
+        "num_output",
+        "pool_hint",
+        "preemptions",
+        "prompt_len",
+        "rid",
+        "scheduled_once",
+        "tag",
+    )
+
+    def __init__(
+        self, rid: int, *, prompt_len: int, max_tokens: int, hashes: list[int], tag: Any = None, arrival: float = 0.0
+    ) -> None:
+        if prompt_len < 1 or max_tokens < 1:
+            raise ValueError("prompt_len and max_tokens must be at least 1")
+        self.rid = rid
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.hashes = hashes
+        self.tag = tag
+        self.arrival = arrival
+        self.num_computed = 0
+        self.num_output = 0
+        self.n_hashed = 0
+        self.n_private = 0
+        self.cached_tokens = 0
+        self.preemptions = 0
+        self.scheduled_once = False
+        self.first_token_step = False
+        self.finish_reason: str | None = None
+        self.pool_hint: object = None
+        """The pool's hint for this request's next seal (opaque)."""
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt plus tokens generated so far."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks this request holds."""
+        return self.n_hashed + self.n_private
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters with vLLM's meanings."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    """Tokens looked up in the prefix cache at first admissions (``vllm:prefix_cache_queries``)."""
+    prefix_hits: int = 0
+    """Of those, tokens found cached (``vllm:prefix_cache_hits``)."""
+    prompt_tokens_cached: int = 0
+    """Cached prompt tokens of first admissions (``vllm:prompt_tokens_cached``)."""
+    preemptions: int = 0
+    finished_stop: int = 0
+    finished_length: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class StepOutcome:
+    """What one step (or one decode run) did."""
+
+    duration: float
+    steps: int
+    finished: list[Request]
+    first_tokens: list[Request]
+    preempted: list[Request]
+    generated: int

@@ -1,0 +1,246 @@
+"""Prometheus metrics of the engine simulator in vLLM V1's names, types and labels.
+
+Each server gets its own :class:`prometheus_client.CollectorRegistry` (never the
+global one, so several simulators live in one process). Gauges and counters are read
+from the engine at scrape time by a custom collector; histograms and the
+``request_success`` counter are fed by the server as requests finish. Counters expose
+``*_created`` samples exactly as ``prometheus_client`` counters do. Every time is in
+SIMULATED seconds (DESIGN section 5 lists the names this module copies).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rolloutpool.engine.model.core import Engine
+
+__all__ = [
+    "E2E_BUCKETS",
+    "FINISH_REASONS",
+    "ITL_BUCKETS",
+    "PREEMPTION_BUCKETS",
+    "TTFT_BUCKETS",
+    "CacheConfigInfo",
+    "EngineMetrics",
+]
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+"""``finished_reason`` label values of ``vllm:request_success_total`` (vLLM's FinishReason)."""
+
+_LABELS = ("model_name", "engine")
+
+
+class CacheConfigInfo:
+    """Labels of ``vllm:cache_config_info`` (a gauge fixed at 1, without ``model_name``)."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        override: bool,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        size_tokens = num_gpu_blocks * block_size
+        self.labels: dict[str, str] = {
+            "block_size": str(block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(enable_prefix_caching),
+            "engine": "0",
+            "gpu_memory_utilization": str(gpu_memory_utilization),
+            "kv_cache_max_concurrency": str(round(size_tokens / max_model_len, 2)),
+            "kv_cache_size_tokens": str(size_tokens),
+            "num_gpu_blocks": str(num_gpu_blocks),
+            "num_gpu_blocks_override": str(num_gpu_blocks) if override else "None",
+        }
+
+
+class _EngineCollector(Collector):
+    """Gauges and counters read from the engine at scrape time."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._m
+        engine, labels, created = m.engine, m.label_values, m.created
+        waiting = float(len(engine.waiting))
+        yield _gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            float(len(engine.running)),
+        )
+        yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, waiting)
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting to be processed, by the reason they wait.",
+            labels=[*_LABELS, "reason"],
+        )
+        by_reason.add_metric([*labels, "capacity"], waiting)
+        by_reason.add_metric([*labels, "deferred"], 0.0)
+        yield by_reason
+        usage = engine.pool.usage
+        yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, usage)
+        yield _gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", labels, usage
+        )
+        c = engine.counters
+        counters = (
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                c.prefix_queries,
+            ),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens),
+            (
+                "vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local + external).",
+                c.prompt_tokens_cached,
+            ),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens),
+        )
+        for name, doc, value in counters:
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, float(value), created=created)
+            yield family
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.", labels=[*_LABELS, "finished_reason"]
+        )
+        for reason in FINISH_REASONS:
+            success.add_metric([*labels, reason], float(m.finished[reason]), created=created)
+        yield success
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(m.cache_info.labels)
+        )
+        info.add_metric(list(m.cache_info.labels.values()), 1.0)
+        yield info
+
+
+def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=_LABELS)
+    family.add_metric(labels, value)
+    return family
+
+
+class EngineMetrics:
+    """The registry of one simulator: scrape-time engine state plus request histograms."""
+
+    def __init__(self, engine: Engine, *, model_name: str, cache_info: CacheConfigInfo) -> None:
+        self.engine = engine
+        self.cache_info = cache_info
+        self.label_values = [model_name, "0"]
+        self.created = time.time()
+        self.finished: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(self))
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            metric = Histogram(name, doc, labelnames=_LABELS, buckets=buckets, registry=self.registry)
+            return metric.labels(*self.label_values)
+
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
+        )
+        self.preemptions = histogram(
+            "vllm:request_num_preemptions", "Number of preemptions per finished request.", PREEMPTION_BUCKETS
+        )
+
+    def observe_itl(self, seconds: float, count: int) -> None:
+        """``count`` inter-token gaps of ``seconds`` each (one decode run)."""
+        for _ in range(count):
+            self.itl.observe(seconds)
+
+    def record_finished(self, *, reason: str, e2e_seconds: float, preemptions: int) -> None:
+        """A request ended with ``reason`` (one of :data:`FINISH_REASONS`)."""
+        self.finished[reason] += 1
+        self.e2e.observe(e2e_seconds)
+        self.preemptions.observe(preemptions)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)
