@@ -262,6 +262,14 @@ def engine_sim(
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Record every session's turns (token counts, no text) as JSONL here; off by default (docs/trace.md).",
+)
+@click.option("--trace-max-bytes", type=click.IntRange(min=512), default=256 * 1024 * 1024, show_default=True)
+@click.option("--trace-session-ids", type=click.Choice(["hashed", "raw"]), default="hashed", show_default=True)
+@click.option(
     "--session-body-field",
     "session_body_fields",
     multiple=True,
@@ -295,6 +303,9 @@ def router_command(
     renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
+    trace_file: Path | None,
+    trace_max_bytes: int,
+    trace_session_ids: str,
     session_body_fields: tuple[str, ...],
     self_name: str | None,
     peer_selector: str | None,
@@ -340,6 +351,9 @@ def router_command(
             "upstream_timeout_s": upstream_timeout,
             "renew_every_s": renew_every,
             "state_path": state_path,
+            "trace_path": trace_file,
+            "trace_max_bytes": trace_max_bytes,
+            "trace_session_ids": trace_session_ids,
             "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
             "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
         }
@@ -424,6 +438,26 @@ def router_command(
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Replay this turn trace (the router's --trace-file) under each policy instead of the scenario.",
+)
+@click.option(
+    "--trace-time-scale",
+    type=click.FloatRange(min=0.001),
+    default=1.0,
+    show_default=True,
+    help="Simulated seconds per recorded second (the recording engine-sim's --time-scale).",
+)
+@click.option(
+    "--write-trace",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the first (load, policy) run of the scenario as a turn trace to this file, and stop.",
+)
 def simulate(
     scenario_name: str,
     workload_file: Path | None,
@@ -442,6 +476,9 @@ def simulate(
     workers: int,
     out_dir: Path,
     no_plots: bool,
+    trace_file: Path | None,
+    trace_time_scale: float,
+    write_trace: Path | None,
 ) -> None:
     """Simulate a fleet in virtual time under every placement policy, side by side."""
     import time  # noqa: PLC0415
@@ -491,6 +528,12 @@ def simulate(
         ),
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    if trace_file is not None or write_trace is not None:
+        from rolloutpool.sim.trace_cli import trace_mode  # noqa: PLC0415
+
+        trace_mode(base=base, jobs=jobs, trace_file=trace_file, write_trace=write_trace, time_scale=trace_time_scale,
+                   out_dir=out_dir, console=_console)  # fmt: skip
+        return
     _console.print(
         f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
