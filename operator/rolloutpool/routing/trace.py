@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rolloutpool.routing.events import Usage
@@ -139,8 +140,8 @@ class Trace:
 
 
 def encode_line(line: dict[str, Any]) -> bytes:
-    """One trace line as UTF-8 JSON with its newline (compact; the recorder's dicts are already plain)."""
-    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    """One trace line as compact UTF-8 JSON with its newline (orjson: about a microsecond, on the router's hot path)."""
+    return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _problem(number: int, error: ValidationError) -> str:

@@ -14,19 +14,21 @@ the recorded ones on (session, turn) and reports cached tokens per turn index an
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rolloutpool.routing.trace import Trace
+from rolloutpool.routing.quarantine import expected_cached_tokens
+from rolloutpool.routing.trace import Trace, TurnLine
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.metrics import RunResult
 from rolloutpool.sim.trace_feed import TraceLog, TraceSource, episodes, peak_concurrency
 from rolloutpool.sim.workload import Scenario
 
-__all__ = ["Replay", "compare", "replay", "replay_config", "synthesize"]
+__all__ = ["Replay", "compare", "recorded_reprefill", "replay", "replay_config", "synthesize"]
 
 _DEFAULT_MAX_MODEL_LEN = 32768
 _BUCKETS = (0, 1, 2, 3, 5, 10, 20)
@@ -40,6 +42,21 @@ def _bucket(turn: int) -> str:
         return f"{lower}+"
     upper = _BUCKETS[i + 1] - 1
     return str(lower) if upper == lower else f"{lower}-{upper}"
+
+
+def recorded_reprefill(turns: tuple[TurnLine, ...], *, block_size: int = 16) -> int:
+    """Tokens a session's turns re-prefilled of the context its previous turn left on the same replica (pure)."""
+    total = 0
+    for before, after in itertools.pairwise(turns):
+        if before.replica != after.replica or after.cached_tokens is None:
+            continue
+        limit = expected_cached_tokens(
+            previous_context=before.prompt_tokens + before.output_tokens - 1,
+            prompt_tokens=after.prompt_tokens,
+            block_size=block_size,
+        )
+        total += max(0, limit - after.cached_tokens)
+    return total
 
 
 def replay_config(
@@ -107,18 +124,22 @@ def compare(run: Replay) -> dict[str, Any]:
     (a session the replay ended earlier, at the context limit or its end of time).
     """
     replayed: dict[tuple[int, int], int] = {}
-    makespan = 0.0
+    makespan = busy = 0.0
     for line in run.log.lines:
         if line["kind"] == "turn":
             replayed[int(line["session"]), int(line["turn"])] = int(line["cached_tokens"] or 0)
             makespan = max(makespan, float(line["ended"]))
+            busy += float(line["ended"]) - float(line["arrived"])
     rows: dict[str, dict[str, list[int]]] = {}
-    missing = 0
+    missing = unreported = 0
     for index, episode in enumerate(run.source.episodes):
         for turn in episode.turns:
             got = replayed.get((index, turn.turn))
             if got is None:
                 missing += 1
+                continue
+            if turn.cached_tokens is None:  # the engine did not report it: nothing to compare
+                unreported += 1
                 continue
             row = rows.setdefault(_bucket(turn.turn), {"recorded": [], "replayed": [], "prompt": []})
             row["recorded"].append(turn.cached_tokens or 0)
@@ -151,8 +172,12 @@ def compare(run: Replay) -> dict[str, Any]:
         "replicas": run.config.replicas,
         "kv_capacity_tokens": None if run.config.num_gpu_blocks is None else run.config.num_gpu_blocks * 16,
         "turns_missing": missing,
+        "turns_unreported": unreported,
         "non_append_turns": run.source.non_append,
         "replay_makespan_s": round(makespan, 1),
+        "replay_mean_turn_s": round(busy / len(replayed), 3) if replayed else None,
+        "recorded_reprefill_tokens": sum(recorded_reprefill(e.turns) for e in run.source.episodes),
+        "replayed_reprefill_tokens": run.result.reprefilled_tokens,
         "by_turn": {b: summary(rows[b]["recorded"], rows[b]["replayed"], rows[b]["prompt"]) for b in order},
         "total": summary(everything["recorded"], everything["replayed"], everything["prompt"]),
     }
