@@ -282,3 +282,11 @@ def test_simulate_writes_a_trace_and_replays_it(tmp_path: Path) -> None:
     assert [r["policy"] for r in report["runs"]] == ["rolloutpool", "round-robin"]
     assert report["runs"][0]["replicas"] == 2
     assert abs(report["runs"][0]["total"]["total_error"]) < 0.02
+
+
+def test_router_refuses_a_trace_file_in_a_missing_directory(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "trace.jsonl"
+    result = CliRunner().invoke(main, ["router", "--replica", "e0=http://127.0.0.1:9", "--trace-file", str(target)])
+    assert result.exit_code == 2, result.output
+    assert f"directory {target.parent} does not exist" in result.output
+    assert not target.parent.exists()

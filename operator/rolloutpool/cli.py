@@ -327,6 +327,8 @@ def router_command(
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for flag, reason in compat.accepted:
         logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if trace_file is not None and not trace_file.parent.is_dir():
+        raise click.UsageError(f"--trace-file {trace_file}: directory {trace_file.parent} does not exist")
     if bool(replicas or compat.worker_urls) == bool(discover_namespace):
         raise click.UsageError(
             "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"

@@ -160,13 +160,22 @@ class TraceWriter:
                     await self._wake.wait()
             self._wake.clear()
             data = self._take()
-            if data:
+            if not data:
+                continue
+            try:
                 await asyncio.to_thread(self._write, data)
+            except OSError as err:  # a full or gone disk: stop tracing, never the router
+                self.stopped = True
+                _log.error("Stopped trace path=%s error=%s: the file could not be written", self.path, err)
+                return
 
     async def close(self) -> None:
-        """Write what is buffered and close the file (after :meth:`run` was cancelled)."""
+        """Write what is buffered and close the file (after :meth:`run` was cancelled); never raises."""
         data = self._take()
-        await asyncio.to_thread(self._close, data)
+        try:
+            await asyncio.to_thread(self._close, data)
+        except OSError as err:
+            _log.error("Failed to write trace path=%s error=%s", self.path, err)
         _log.info(
             "Closed trace path=%s bytes=%d stopped=%s dropped=%d", self.path, self.written, self.stopped, self.dropped
         )
