@@ -282,6 +282,11 @@ def test_simulate_writes_a_trace_and_replays_it(tmp_path: Path) -> None:
     assert [r["policy"] for r in report["runs"]] == ["rolloutpool", "round-robin"]
     assert report["runs"][0]["replicas"] == 2
     assert abs(report["runs"][0]["total"]["total_error"]) < 0.02
+    capped = CliRunner().invoke(
+        main, ["simulate", "--trace", str(path), "--policy", "rolloutpool", "--trace-cap", "2", "--out", f"{out}"]
+    )
+    assert capped.exit_code == 0, capped.output
+    assert json.loads((out / "trace-replay.json").read_text())["runs"][0]["fixed_cap"] == 2
 
 
 def test_router_refuses_a_trace_file_in_a_missing_directory(tmp_path: Path) -> None:

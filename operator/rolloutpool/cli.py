@@ -455,6 +455,13 @@ def router_command(
     help="Simulated seconds per recorded second (the recording engine-sim's --time-scale).",
 )
 @click.option(
+    "--trace-cap",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay with this fixed live-session cap per replica for our policies (e.g. the cap the operator "
+    "published for the recorded pool) instead of KV admission.",
+)
+@click.option(
     "--write-trace",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -480,6 +487,7 @@ def simulate(
     no_plots: bool,
     trace_file: Path | None,
     trace_time_scale: float,
+    trace_cap: int | None,
     write_trace: Path | None,
 ) -> None:
     """Simulate a fleet in virtual time under every placement policy, side by side."""
@@ -534,7 +542,7 @@ def simulate(
         from rolloutpool.sim.trace_cli import trace_mode  # noqa: PLC0415
 
         trace_mode(base=base, jobs=jobs, trace_file=trace_file, write_trace=write_trace, time_scale=trace_time_scale,
-                   out_dir=out_dir, console=_console)  # fmt: skip
+                   cap=trace_cap, out_dir=out_dir, console=_console)  # fmt: skip
         return
     _console.print(
         f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "

@@ -89,11 +89,15 @@ def trace_mode(
     time_scale: float,
     out_dir: Path,
     console: Console,
+    cap: int | None = None,
 ) -> None:
     """What ``simulate`` does with ``--trace`` or ``--write-trace`` (instead of its load sweep).
 
-    A replay runs on the trace's replicas unless ``--replicas`` was given on the command line.
+    A replay runs on the trace's replicas unless ``--replicas`` was given on the command line; ``cap``
+    (``--trace-cap``) fixes our policies' per-replica cap, as an operator-published cap does.
     """
+    if cap is not None:
+        base = replace(base, fixed_cap=cap)
     given = click.get_current_context().get_parameter_source("replicas") != click.core.ParameterSource.DEFAULT
     replicas = base.replicas if given else None
     if trace_file is not None and write_trace is not None:

@@ -170,6 +170,7 @@ def compare(run: Replay) -> dict[str, Any]:
         "sessions": len(run.source.episodes),
         "in_flight": run.config.in_flight,
         "replicas": run.config.replicas,
+        "fixed_cap": run.config.fixed_cap,
         "kv_capacity_tokens": None if run.config.num_gpu_blocks is None else run.config.num_gpu_blocks * 16,
         "turns_missing": missing,
         "turns_unreported": unreported,
