@@ -26,13 +26,13 @@ import yaml
 from click.testing import CliRunner
 
 from fullstack_kit import diagnosis, isolated_stack, pod_dirs, processes_under, router_pod, wait_until
-from rolloutpool.bench.client import ClientConfig, run_client
 from rolloutpool.cli import main
-from rolloutpool.demo import POOL, demo_pool
+from rolloutpool.dev.bench.client import ClientConfig, run_client
+from rolloutpool.dev.demo import POOL, demo_pool
+from rolloutpool.dev.stack import LocalStack
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
 from rolloutpool.routing.trace import read_trace
 from rolloutpool.sim.workload import Lognormal, scenario
-from rolloutpool.stack import LocalStack
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 TIME_SCALE = 10.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rolloutpool.bench.client import ClientConfig, run_client
-from rolloutpool.bench.processes import ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.dev.bench.client import ClientConfig, run_client
+from rolloutpool.dev.bench.processes import ProcessSet, free_port, pid_alive, rolloutpool_argv
 from rolloutpool.routing.trace import read_trace
 from rolloutpool.sim.trace_feed import episodes
 from rolloutpool.sim.workload import Lognormal, scenario

@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rolloutpool.engine.cost import hardware_preset
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.routing.trace import TraceError, encode_line
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.runner import Job
