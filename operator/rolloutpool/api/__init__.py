@@ -7,6 +7,7 @@ from rolloutpool.api.spec import (
     ModelShape,
     RolloutPoolSpec,
     RouterSpec,
+    RouterTraceSpec,
     SimulatorSpec,
     UpdateStrategySpec,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "RolloutPoolSpec",
     "RolloutPoolStatus",
     "RouterSpec",
+    "RouterTraceSpec",
     "SimulatorSpec",
     "UpdateStrategySpec",
 ]

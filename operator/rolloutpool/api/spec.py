@@ -27,6 +27,7 @@ __all__ = [
     "PersistentVolumeClaimSource",
     "RolloutPoolSpec",
     "RouterSpec",
+    "RouterTraceSpec",
     "SecretKeySpec",
     "SimulatorSpec",
     "SpecModel",
@@ -296,6 +297,19 @@ class ConcurrencySpec(SpecModel):
     """Hard ceiling on live sessions per replica, whatever the capacity says."""
 
 
+class RouterTraceSpec(SpecModel):
+    """The router's turn trace: each session's turns as JSONL (token counts only), for ``simulate --trace``."""
+
+    enabled: bool = False
+    """Record the trace at ``/var/lib/rolloutpool/trace.jsonl`` in the router pod (a new file per router start)."""
+
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=512, le=64 * 1024 * 1024 * 1024)
+    """The trace stops (a last ``stop`` line, a warning in the log) before it grows past this many bytes."""
+
+    session_ids: Literal["hashed", "raw"] = "hashed"
+    """``hashed``: session and group ids written as a keyed hash whose key is never written; ``raw``: as sent."""
+
+
 class RouterSpec(SpecModel):
     """The session router placed in front of the engine replicas."""
 
@@ -321,6 +335,9 @@ class RouterSpec(SpecModel):
 
     prefix_renewal_seconds: float | None = Field(default=None, gt=0, le=86_400)
     """Renew an idle session's cached prefix (its last context, max_tokens=1) after this many seconds; unset: off."""
+
+    trace: RouterTraceSpec = Field(default_factory=RouterTraceSpec)
+    """Record each session's turns (prompt, cached and output tokens, tool gaps) for replay in the simulator."""
 
 
 class AutoscalingSpec(SpecModel):

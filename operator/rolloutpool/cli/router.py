@@ -51,6 +51,14 @@ __all__ = ["router_command"]
 @click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Record every session's turns (token counts, no text) as JSONL here; off by default (docs/trace.md).",
+)
+@click.option("--trace-max-bytes", type=click.IntRange(min=512), default=256 * 1024 * 1024, show_default=True)
+@click.option("--trace-session-ids", type=click.Choice(["hashed", "raw"]), default="hashed", show_default=True)
+@click.option(
     "--session-body-field",
     "session_body_fields",
     multiple=True,
@@ -84,6 +92,9 @@ def router_command(
     renew_every: float | None,
     admin_token_file: Path | None,
     state_path: Path | None,
+    trace_file: Path | None,
+    trace_max_bytes: int,
+    trace_session_ids: str,
     session_body_fields: tuple[str, ...],
     self_name: str | None,
     peer_selector: str | None,
@@ -105,6 +116,8 @@ def router_command(
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for flag, reason in compat.accepted:
         logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
+    if trace_file is not None and not trace_file.parent.is_dir():
+        raise click.UsageError(f"--trace-file {trace_file}: directory {trace_file.parent} does not exist")
     if bool(replicas or compat.worker_urls) == bool(discover_namespace):
         raise click.UsageError(
             "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
@@ -129,6 +142,9 @@ def router_command(
             "upstream_timeout_s": upstream_timeout,
             "renew_every_s": renew_every,
             "state_path": state_path,
+            "trace_path": trace_file,
+            "trace_max_bytes": trace_max_bytes,
+            "trace_session_ids": trace_session_ids,
             "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
             "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
         }

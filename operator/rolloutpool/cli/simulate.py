@@ -61,6 +61,33 @@ _console = Console()
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/simulate"))
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Replay this turn trace (the router's --trace-file) under each policy instead of the scenario.",
+)
+@click.option(
+    "--trace-time-scale",
+    type=click.FloatRange(min=0.001),
+    default=1.0,
+    show_default=True,
+    help="Simulated seconds per recorded second (the recording engine-sim's --time-scale).",
+)
+@click.option(
+    "--trace-cap",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay with this fixed live-session cap per replica for our policies (e.g. the cap the operator "
+    "published for the recorded pool) instead of KV admission.",
+)
+@click.option(
+    "--write-trace",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the first (load, policy) run of the scenario as a turn trace to this file, and stop.",
+)
 def simulate(
     scenario_name: str,
     workload_file: Path | None,
@@ -79,6 +106,10 @@ def simulate(
     workers: int,
     out_dir: Path,
     no_plots: bool,
+    trace_file: Path | None,
+    trace_time_scale: float,
+    trace_cap: int | None,
+    write_trace: Path | None,
 ) -> None:
     """Simulate a fleet in virtual time under every placement policy, side by side."""
     import time  # noqa: PLC0415
@@ -128,6 +159,12 @@ def simulate(
         ),
     )
     jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    if trace_file is not None or write_trace is not None:
+        from rolloutpool.sim.trace_cli import trace_mode  # noqa: PLC0415
+
+        trace_mode(base=base, jobs=jobs, trace_file=trace_file, write_trace=write_trace, time_scale=trace_time_scale,
+                   cap=trace_cap, out_dir=out_dir, console=_console)  # fmt: skip
+        return
     _console.print(
         f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"

@@ -33,6 +33,7 @@ from rolloutpool.reconcile.labels import (
 
 __all__ = [
     "STATE_PATH",
+    "TRACE_PATH",
     "VLLM_STARTUP_SECONDS",
     "desired_engine_pods",
     "engine_pod",
@@ -45,6 +46,8 @@ __all__ = [
 VLLM_STARTUP_SECONDS = 1800
 """How long a vLLM pod may take to download and load its model before kubelet restarts it."""
 STATE_PATH = "/var/lib/rolloutpool/state.json"
+TRACE_PATH = "/var/lib/rolloutpool/trace.jsonl"
+"""The router's turn trace (``spec.router.trace``), in the same emptyDir as its state."""
 """The router's session-table snapshot (on an emptyDir: survives a container restart, not a pod move)."""
 _NON_ROOT_UID = 65532
 
@@ -262,6 +265,9 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
+    if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl
+        args += [f"--trace-file={TRACE_PATH}", f"--trace-max-bytes={router.trace.max_bytes}"]
+        args.append(f"--trace-session-ids={router.trace.session_ids}")
     if router.replicas > 1:  # one fleet: each pod owns the engines the operator assigns it (router/fleet.py)
         args += ["--self-name=$(POD_NAME)", f"--peer-selector={router_selector(pool_name)}"]
     return args

@@ -37,6 +37,7 @@ from rolloutpool.router.renewal import Renewer
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
+from rolloutpool.router.trace_writer import TraceWriter, trace_writer
 from rolloutpool.router.types import ClientFactory, Clock, Discovery, LimitsSource
 
 __all__ = ["OWNED_PREFIXES", "ROUTER", "RouterService", "build_app", "run_router"]
@@ -84,6 +85,7 @@ class RouterService:
         self.sessions = SessionAPI(self.manager)
         self.admin = AdminAPI(self.manager, config.admin_token, client=lambda: self.proxy.client)
         self.writer: SnapshotWriter | None = None
+        self.trace: TraceWriter | None = None
         self._client_factory = client_factory
         self._discovery = discovery
         self._limits = limits
@@ -99,6 +101,9 @@ class RouterService:
         cfg = self.config
         self._client = self._client_factory()
         self.proxy.attach(self._client)
+        if cfg.trace_path is not None:
+            self.trace = self.manager.trace = trace_writer(cfg, now=self.manager.clock())
+            self._spawn(self.trace.run(), "trace")
         if self._discovery is None:
             self._restore()  # with discovery: once the first pod list has arrived
         else:
@@ -175,6 +180,8 @@ class RouterService:
             await self.renewer.close()
         if self.writer is not None:
             await self.writer.close()
+        if self.trace is not None:
+            await self.trace.close()
         self.proxy.close()
         if self._client is not None:
             await self._client.close()

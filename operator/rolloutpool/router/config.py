@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from rolloutpool.routing.caps import CapRule, effective_cap
@@ -124,6 +125,12 @@ class RouterConfig:
     state_path: Path | None = None
     """JSON snapshot of the session table, written atomically, loaded at start."""
     state_debounce_s: float = 1.0
+    trace_path: Path | None = None
+    """Record every session's turns as JSONL here (:mod:`rolloutpool.router.trace_writer`); ``None``: off."""
+    trace_max_bytes: int = 256 * 1024 * 1024
+    """The trace stops (with a ``stop`` line and a warning) before it grows past this."""
+    trace_session_ids: Literal["hashed", "raw"] = "hashed"
+    """``hashed`` (keyed, the key never written) or ``raw`` session and group ids in the trace."""
     shutdown_timeout_s: float = 10.0
     """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
 
@@ -162,8 +169,8 @@ class RouterConfig:
             raise ValueError(f"renew_every_s must be positive (seconds) or unset (off), got {self.renew_every_s}")
         if self.queue_max < 0 or self.retry_after_s < 0 or self.unready_after_failures < 1:
             raise ValueError("queue_max and retry_after_s must be >= 0, unready_after_failures >= 1")
-        if self.max_body_bytes < 1024 or self.default_block_size < 1:
-            raise ValueError("max_body_bytes must be >= 1024 and default_block_size >= 1")
+        if self.max_body_bytes < 1024 or self.default_block_size < 1 or self.trace_max_bytes < 512:
+            raise ValueError("max_body_bytes must be >= 1024, default_block_size >= 1 and trace_max_bytes >= 512")
 
     def replica(self, name: str) -> ReplicaSpec | None:
         """The replica named ``name``, if configured."""

@@ -28,6 +28,7 @@ from rolloutpool.router.admission import (
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
 from rolloutpool.router.engine_reports import observe_cached_report
 from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
+from rolloutpool.router.trace_writer import TraceWriter
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import (
@@ -122,6 +123,8 @@ class SessionManager:
         """Called after every change of the session table (snapshots hook in here)."""
         self.on_forget: Callable[[str], None] = lambda _: None
         """Called with the id of each session that stops being live (released, expired, its replica gone)."""
+        self.trace: TraceWriter | None = None
+        """The turn trace (``--trace-file``), fed from acquire, finish_turn and releases."""
         for spec in config.replicas:
             self.add_replica(spec)
         metrics.watch(self._gauges, lambda: len(self.ledger.queue))
@@ -166,6 +169,8 @@ class SessionManager:
             elif isinstance(event, Released):
                 self.metrics.releases.labels(event.how).inc()
                 self.on_forget(event.session.session_id)
+                if self.trace is not None:
+                    self.trace.released(event.session.session_id, how=event.how, now=self.clock())
                 changed = True
             elif isinstance(event, QuarantineChanged):
                 self._quarantine_changed(event)
@@ -261,11 +266,12 @@ class SessionManager:
         ready; then it is re-placed like a new one. An ``ephemeral`` session (a request without
         a session id) is released when its turn ends. Raises :class:`AdmissionError`.
         """
-        decision = self.ledger.arrive(
-            Placement(session_id=session_id, group=group), now=self.clock(), one_turn=ephemeral
-        )
+        arrived = self.clock()
+        decision = self.ledger.arrive(Placement(session_id=session_id, group=group), now=arrived, one_turn=ephemeral)
         self._dispatch()
         if isinstance(decision, Bound):
+            if self.trace is not None:
+                self.trace.arrived(session_id, now=arrived, group=group)
             return decision.session, decision.created
         if isinstance(decision, Rejected):
             if decision.reason == "shutting_down":
@@ -276,6 +282,8 @@ class SessionManager:
         if not self.is_current(session) or session.replica not in self.runtime:
             # re-bound (snapshot restore) or its replica left between admission and now
             return await self.acquire(session_id, group=group, ephemeral=ephemeral)
+        if self.trace is not None:
+            self.trace.arrived(session_id, now=arrived, group=group)
         return session, True
 
     async def _wait(self, ticket: int, session_id: str, *, ephemeral: bool) -> Session:
@@ -380,6 +388,8 @@ class SessionManager:
 
         Without usage the context is forgotten, so the next turn is not compared with a stale one.
         """
+        if self.trace is not None:  # also a turn whose session was released while it ran
+            self.trace.turn(session.session_id, replica=session.replica, usage=usage, now=self.clock())
         if not self.is_current(session):
             return  # released (or re-placed) while the request ran
         if usage is not None:
@@ -440,6 +450,8 @@ class SessionManager:
     def set_capacity(self, name: str, capacity_tokens: int | None, block_size: int | None) -> None:
         """A replica's reported KV capacity and block size: recompute its cap."""
         self.ledger.set_capacity(name, capacity_tokens=capacity_tokens, block_size=block_size, now=self.clock())
+        if self.trace is not None:
+            self.trace.replica(name, capacity_tokens=capacity_tokens, block_size=block_size, now=self.clock())
         self._dispatch()
 
     def set_operator_limits(self, limits: dict[str, OperatorLimit]) -> None:

@@ -31,6 +31,7 @@ from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.metrics import RunResult, Sample, summarize
 from rolloutpool.sim.renewal import SimRenewals
+from rolloutpool.sim.trace_feed import TrajectoryFeed, TurnRecorder
 from rolloutpool.sim.weights import SimWeightUpdates
 from rolloutpool.sim.workload import Trajectory, TrajectorySource
 
@@ -71,7 +72,14 @@ class _Driver:
 
 class _Fleet:
     def __init__(
-        self, config: FleetConfig, policy: Policy, progress: Callable[[float], None] | None, *, adaptive: bool = False
+        self,
+        config: FleetConfig,
+        policy: Policy,
+        progress: Callable[[float], None] | None,
+        *,
+        adaptive: bool = False,
+        source: TrajectoryFeed | None = None,
+        recorder: TurnRecorder | None = None,
     ) -> None:
         self.cfg = config
         self.policy = policy
@@ -115,7 +123,8 @@ class _Fleet:
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         every = config.renew_every_s if isinstance(policy, SessionAware) else None  # renewal is our policy's
         self.renewals = None if every is None else SimRenewals(RenewalConfig(every))
-        self.source = TrajectorySource(config.scenario, config.seed)
+        self.source: TrajectoryFeed = source or TrajectorySource(config.scenario, config.seed)
+        self.recorder = recorder  # a trace of the run's turns (sim/trace_feed.py)
         self.trajs: dict[int, _Traj] = {}
         self.events: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -152,7 +161,7 @@ class _Fleet:
         next_progress = 0.0
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
-            if t > cfg.duration_s:
+            if t > cfg.duration_s or not self.trajs:  # no trajectory left: a replayed trace has ended
                 break
             self.now = t
             if kind == _ENGINE:
@@ -190,6 +199,8 @@ class _Fleet:
 
     def _start_trajectory(self, t: float) -> None:
         plan = self.source.next(t)
+        if plan is None:
+            return
         chain = SegmentChain()
         chain.extend(plan.group, plan.prompt_tokens)
         proj = plan.final_context(self.cfg.scenario.max_model_len)
@@ -198,6 +209,8 @@ class _Fleet:
 
     def _arrive(self, idx: int) -> None:
         traj = self.trajs[idx]
+        if self.recorder is not None:
+            self.recorder.arrived(str(idx), now=self.now, group=str(traj.plan.group))
         decision = self.ledger.arrive(self._placement(traj), now=self.now)
         if isinstance(decision, Bound):
             self._submit(traj, decision.session)
@@ -243,6 +256,9 @@ class _Fleet:
         traj.inflight = False
         session = traj.session
         assert session is not None  # noqa: S101 -- set when the turn was submitted
+        if self.recorder is not None:
+            usage = Usage(req.prompt_len, req.num_output, req.cached_tokens)
+            self.recorder.turn(str(req.tag), replica=replica, usage=usage, now=self.now)
         self._count_reprefill(traj, replica, req, turn=session)  # the router's finish_turn, then end
         self.ledger.turn_ended(session, now=self.now)
         traj.prev_replica = replica
@@ -299,6 +315,8 @@ class _Fleet:
 
     def _finish_trajectory(self, traj: _Traj) -> None:
         self.ledger.release(str(traj.plan.index), how="finished", now=self.now)
+        if self.recorder is not None:
+            self.recorder.released(str(traj.plan.index), how="finished", now=self.now)
         if self.renewals is not None:
             self.renewals.clock.forget(str(traj.plan.index))
         self.completed_times.append(self.now - traj.start)
@@ -474,12 +492,21 @@ class _Fleet:
 
 
 def simulate_policy(
-    config: FleetConfig, policy_name: str, progress: Callable[[float], None] | None = None
+    config: FleetConfig,
+    policy_name: str,
+    progress: Callable[[float], None] | None = None,
+    *,
+    source: TrajectoryFeed | None = None,
+    recorder: TurnRecorder | None = None,
 ) -> RunResult:
-    """Run one policy on one fleet configuration; deterministic for a given config."""
+    """Run one policy on one fleet configuration; deterministic for a given config.
+
+    ``source`` replaces the scenario's trajectories (a replayed trace: the run ends when its last one
+    does); ``recorder`` is told every turn (a trace of the run).
+    """
     adaptive = policy_name == ADAPTIVE
     policy = make_policy("rolloutpool" if adaptive else policy_name)
     if isinstance(policy, SessionAware):
         policy.co_locate_groups = config.co_locate_groups
         policy.name = policy_name
-    return _Fleet(config, policy, progress, adaptive=adaptive).run()
+    return _Fleet(config, policy, progress, adaptive=adaptive, source=source, recorder=recorder).run()

@@ -93,6 +93,8 @@ class ClientConfig:
     model: str = "Qwen/Qwen3-8B"
     session_header: str = "X-Session-ID"
     session_prefix: str = "traj"
+    group_header: str | None = None
+    """Also send each trajectory's GRPO group (``<prefix>-g<group>``) in this header (e.g. ``X-Session-Group``)."""
     request_timeout_s: float = 600.0
     retry_sleep_s: float = 0.25
     """Longest wait before retrying a 429/502/503 (``Retry-After`` is honoured up to this)."""
@@ -170,13 +172,16 @@ class _Driver:
             self._prompts[trajectory.group] = prompt_text(trajectory.group, trajectory.prompt_tokens)
         return self._prompts[trajectory.group]
 
-    async def _chat(self, sid: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def _chat(self, sid: str, body: dict[str, Any], group: int = 0) -> dict[str, Any] | None:
         """One completion with retries on back-pressure; ``None`` on a hard error."""
         cfg = self.config
+        headers = {cfg.session_header: sid}
+        if cfg.group_header is not None:
+            headers[cfg.group_header] = f"{cfg.session_prefix}-g{group}"
         while True:
             try:
                 async with self.http.post(
-                    f"{cfg.base_url}/v1/chat/completions", json=body, headers={cfg.session_header: sid}
+                    f"{cfg.base_url}/v1/chat/completions", json=body, headers=headers
                 ) as response:
                     if response.status == 200:
                         data: dict[str, Any] = await response.json()
@@ -218,7 +223,7 @@ class _Driver:
                     "seed": trajectory.index,
                     "session_id": sid,
                 }
-                data = await self._chat(sid, body)
+                data = await self._chat(sid, body, trajectory.group)
                 if data is None:
                     record.error = "request failed"
                     return
