@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rolloutpool.dev.processes import signal_group
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.kubelet import ProcessKubelet, default_executables
 
@@ -362,8 +363,7 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
     finally:
         for proc in (first, second):
             if proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
 

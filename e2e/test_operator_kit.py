@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from rolloutpool.dev.net import free_port
 from rolloutpool.kube.pods import api_client
-from rolloutpool.localcluster.cluster import LocalCluster, free_port
+from rolloutpool.localcluster.cluster import LocalCluster
 
 __all__ = [
     "EXAMPLES",

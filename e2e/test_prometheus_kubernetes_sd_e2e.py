@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.bench.processes import ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.net import free_port
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.prometheus import local_cluster_prometheus
 from rolloutpool.metrics.prom import PrometheusSignals

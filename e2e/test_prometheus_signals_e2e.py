@@ -25,7 +25,8 @@ import aiohttp
 import pytest
 
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, classify_health, decide_replica
-from rolloutpool.bench.processes import ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.net import free_port
 from rolloutpool.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
 from rolloutpool.metrics.prom import PrometheusSignals, PrometheusUnreachable
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.localcluster.cluster import free_port
+from rolloutpool.dev.net import free_port
 from rolloutpool.localcluster.kubelet_runtime import ContainerRun, Launch, PodRun
 
 

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from rolloutpool.localcluster.cluster import free_port
+from rolloutpool.dev.net import free_port
 from rolloutpool.metrics.routerstats import (
     RouterSample,
     RouterStats,

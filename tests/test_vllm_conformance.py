@@ -16,8 +16,9 @@ import pytest
 from rolloutpool.bench.conformance import EVICT, SMALL, compare, observe_sim
 from rolloutpool.bench.conformance_probe import probe
 from rolloutpool.bench.vllm_acceptance import run_acceptance
+from rolloutpool.dev.net import free_port
 from rolloutpool.localcluster.vllm_env import vllm_env
-from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig, free_port
+from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
 from rolloutpool.router.scrape import parse_signals
 
 if not vllm_env().ready() and os.environ.get("CI") != "true":

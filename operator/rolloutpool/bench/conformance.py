@@ -22,8 +22,9 @@ from pathlib import Path
 from aiohttp import web
 
 from rolloutpool.bench.conformance_probe import CACHE_LABELS, READ_METRICS, Observation, TraceShape, probe
+from rolloutpool.dev.net import free_port
 from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig, free_port
+from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
 
 __all__ = ["NOT_MODELLED", "Row", "compare", "main", "render", "run"]
 

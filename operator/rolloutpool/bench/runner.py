@@ -20,8 +20,9 @@ import aiohttp
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
 from rolloutpool.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
 from rolloutpool.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
-from rolloutpool.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.bench.processes import ProcessSet, pid_alive, rolloutpool_argv
 from rolloutpool.capacity import conservative_cap
+from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.sim.workload import Lognormal, Scenario
 
 __all__ = [
