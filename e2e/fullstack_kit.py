@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
 from rolloutpool.sim.workload import Lognormal, scenario
-from rolloutpool.stack import LocalStack, wait_until
+from rolloutpool.stack import LocalStack
 
 __all__ = [
     "LoadRun",
@@ -56,7 +56,6 @@ __all__ = [
     "router_metrics",
     "router_pod",
     "sigkill_pod",
-    "wait_until",
 ]
 
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rolloutpool.dev.processes import signal_group
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.kubelet import ProcessKubelet, default_executables
 
@@ -82,16 +83,6 @@ def _get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> dict[st
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _ready(pod: dict[str, Any] | None) -> bool:
     conditions = {c["type"]: c["status"] for c in ((pod or {}).get("status") or {}).get("conditions") or []}
     return conditions.get("Ready") == "True"
@@ -120,7 +111,15 @@ def test_engine_pods_run_ready_on_their_own_addresses(cluster: LocalCluster, kub
     ns = _namespace(cluster, "kl-engines")
     started = time.monotonic()
     _apply(cluster, _pod("a", ns), _pod("b", ns))
-    pods = [_wait(f"{n} Ready", lambda n=n: (p := _get(cluster, "pod", n, ns)) and _ready(p) and p) for n in "ab"]
+    pods = [
+        wait_until(
+            lambda n=n: (p := _get(cluster, "pod", n, ns)) and _ready(p) and p,
+            what=f"{n} Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
+        for n in "ab"
+    ]
     elapsed = time.monotonic() - started
     ips = [p["status"]["podIP"] for p in pods]
     assert len(set(ips)) == 2
@@ -152,7 +151,7 @@ def test_crashing_container_is_restarted(cluster: LocalCluster, kubelet: Process
         statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
         return statuses[0] if statuses and statuses[0]["restartCount"] >= 2 else None
 
-    status = _wait("two restarts", restarted)
+    status = wait_until(restarted, what="two restarts", timeout=90.0, interval=0.2)
     assert status["lastState"]["terminated"]["exitCode"] == 2  # click's usage error
     assert set(status["state"]) <= {"running", "waiting"}
     pod = _get(cluster, "pod", "crash", ns)
@@ -166,7 +165,7 @@ def test_crashing_container_is_restarted(cluster: LocalCluster, kubelet: Process
 def test_deletion_terminates_the_process_gracefully(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
     ns = _namespace(cluster, "kl-delete")
     _apply(cluster, _pod("gone", ns, terminationGracePeriodSeconds=30))
-    _wait("Ready", lambda: _ready(_get(cluster, "pod", "gone", ns)))
+    wait_until(lambda: _ready(_get(cluster, "pod", "gone", ns)), what="Ready", timeout=90.0, interval=0.2)
     (pid,) = kubelet.processes()[f"{ns}/gone"].values()
     log = kubelet.log_path(ns, "gone", "engine")
     assert log is not None
@@ -190,7 +189,12 @@ def test_foreign_image_fails_with_a_clear_reason(cluster: LocalCluster, kubelet:
             "spec": {"containers": [nginx]},
         },
     )
-    pod = _wait("Failed", lambda: (p := _get(cluster, "pod", "web", ns)) and p["status"].get("phase") == "Failed" and p)
+    pod = wait_until(
+        lambda: (p := _get(cluster, "pod", "web", ns)) and p["status"].get("phase") == "Failed" and p,
+        what="Failed",
+        timeout=90.0,
+        interval=0.2,
+    )
     assert pod["status"]["reason"] == "UnsupportedImage"
     assert "nginx:1.27" in pod["status"]["message"]
     assert "ghcr" in pod["status"]["message"]
@@ -206,7 +210,7 @@ def test_unschedulable_pod_stays_pending(cluster: LocalCluster, kubelet: Process
         found = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
         return found.get("PodScheduled")
 
-    scheduled = _wait("PodScheduled=False", condition)
+    scheduled = wait_until(condition, what="PodScheduled=False", timeout=90.0, interval=0.2)
     assert scheduled["status"] == "False"
     assert scheduled["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in scheduled["message"]
@@ -252,8 +256,11 @@ def test_service_account_kubeconfig_enforces_rbac(cluster: LocalCluster, kubelet
         container={"env": env, "readinessProbe": None},
     )  # fmt: skip
     _apply(cluster, account, role, binding, probe)
-    _wait(
-        "Succeeded", lambda: ((_get(cluster, "pod", "probe", ns) or {}).get("status") or {}).get("phase") == "Succeeded"
+    wait_until(
+        lambda: ((_get(cluster, "pod", "probe", ns) or {}).get("status") or {}).get("phase") == "Succeeded",
+        what="Succeeded",
+        timeout=90.0,
+        interval=0.2,
     )
     log = kubelet.log_path(ns, "probe", "engine")
     assert log is not None
@@ -290,7 +297,12 @@ def test_deployment_pods_run(cluster: LocalCluster, kubelet: ProcessKubelet) -> 
     assert len(pods) == 2
     assert all(_ready(p) for p in pods)
     cluster.kubectl("delete", "deployment", "engine", "-n", ns, "--wait=true")
-    _wait("pods gone", lambda: not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"])
+    wait_until(
+        lambda: not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"],
+        what="pods gone",
+        timeout=90.0,
+        interval=0.2,
+    )
     assert not any(k.startswith(f"{ns}/") for k in kubelet.processes())
 
 
@@ -306,7 +318,12 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
     )
     with other:
         _apply(cluster, *(_pod(n, ns, schedulerName="kl-stop") for n in ("stop-a", "stop-b")))
-        _wait("Ready", lambda: all(_ready(_get(cluster, "pod", n, ns)) for n in ("stop-a", "stop-b")))
+        wait_until(
+            lambda: all(_ready(_get(cluster, "pod", n, ns)) for n in ("stop-a", "stop-b")),
+            what="Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
         ips = [(_get(cluster, "pod", n, ns) or {})["status"]["podIP"] for n in ("stop-a", "stop-b")]
         assert sorted(ips) == ["127.0.1.2", "127.0.1.3"]  # the second node's own pod subnet
         pids = [pid for containers in other.processes().values() for pid in containers.values()]
@@ -343,18 +360,20 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
     second: subprocess.Popen[bytes] | None = None
     try:
         _apply(cluster, _pod("victim", ns, schedulerName="kl-sigkill"))
-        _wait("Ready", lambda: _ready(_get(cluster, "pod", "victim", ns)))
+        wait_until(lambda: _ready(_get(cluster, "pod", "victim", ns)), what="Ready", timeout=90.0, interval=0.2)
         ip = (_get(cluster, "pod", "victim", ns) or {})["status"]["podIP"]
         pids = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(pids) == 1
         assert ip.startswith("127.0.2.")
         os.kill(first.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
         first.wait(timeout=10)
-        _wait("pod process gone", lambda: not any(_alive(p) for p in pids), timeout=10)
+        wait_until(lambda: not any(_alive(p) for p in pids), what="pod process gone", timeout=10, interval=0.2)
         assert not _answers(f"http://{ip}:8000/health")
         # a kubelet started again on the same node runs the pod again, on the address it had
         second = _kubelet_process(cluster, tmp_path, "kl-sigkill")
-        _wait("the pod served again", lambda: _answers(f"http://{ip}:8000/health"))
+        wait_until(
+            lambda: _answers(f"http://{ip}:8000/health"), what="the pod served again", timeout=90.0, interval=0.2
+        )
         again = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(again) == 1
         second.terminate()  # SIGTERM: the kubelet stops its pods on the way out
@@ -432,8 +451,11 @@ def test_volumes_config_maps_and_secrets(cluster: LocalCluster, kubelet: Process
         volumes=volumes,
     )
     _apply(cluster, config_map, secret, pod)
-    _wait(
-        "Succeeded", lambda: ((_get(cluster, "pod", "vols", ns) or {}).get("status") or {}).get("phase") == "Succeeded"
+    wait_until(
+        lambda: ((_get(cluster, "pod", "vols", ns) or {}).get("status") or {}).get("phase") == "Succeeded",
+        what="Succeeded",
+        timeout=90.0,
+        interval=0.2,
     )
     directory = kubelet.pod_directory(ns, "vols")
     assert directory is not None
@@ -454,7 +476,7 @@ def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessK
         statuses = ((_get(cluster, "pod", "patient", ns) or {}).get("status") or {}).get("containerStatuses") or []
         return (statuses[0]["state"].get("waiting") or None) if statuses else None
 
-    state = _wait("CreateContainerConfigError", waiting)
+    state = wait_until(waiting, what="CreateContainerConfigError", timeout=90.0, interval=0.2)
     assert state["reason"] == "CreateContainerConfigError"
     assert "Secret 'later' not found" in state["message"]
     secret = {
@@ -464,4 +486,9 @@ def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessK
         "stringData": {"token": "t"},
     }
     _apply(cluster, secret)
-    _wait("Ready once the Secret exists", lambda: _ready(_get(cluster, "pod", "patient", ns)))
+    wait_until(
+        lambda: _ready(_get(cluster, "pod", "patient", ns)),
+        what="Ready once the Secret exists",
+        timeout=90.0,
+        interval=0.2,
+    )

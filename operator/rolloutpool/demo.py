@@ -26,9 +26,10 @@ from rich.table import Table
 
 from rolloutpool.api.crd import CRD_NAME, render_crd
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.sim.workload import Lognormal, scenario
-from rolloutpool.stack import LocalStack, wait_until
+from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
 __all__ = ["DemoPhases", "demo_pool", "examples_dir", "install_crd", "pool_table", "run_demo"]
 
@@ -214,8 +215,10 @@ def run_demo(*, directory: Path, once: bool, console: Console, in_flight: int = 
     with LocalStack(directory, log=console.log) as stack:
         manifest = demo_pool(prometheus_url=stack.prometheus_url)
         console.log(stack.apply(yaml.safe_dump(manifest)))
-        wait_until("pool Ready", lambda: _ready(stack), timeout=300)
-        url = wait_until("router endpoint", lambda: stack.router_url(POOL), timeout=120)
+        wait_until(lambda: _ready(stack), what="pool Ready", timeout=300, interval=0.5, ignore=TRANSIENT_ERRORS)
+        url = wait_until(
+            lambda: stack.router_url(POOL), what="router endpoint", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+        )
         console.log(f"Pool ready; router at {url}; starting {in_flight} rollouts for {load_seconds:.0f}s")
         phases.mark("load")
         result: list[ClientResult] = []

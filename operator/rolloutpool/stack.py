@@ -14,7 +14,6 @@ import contextlib
 import json
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +22,7 @@ from typing import Any
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
 
-__all__ = ["LocalStack", "chart_dir", "wait_until"]
+__all__ = ["TRANSIENT_ERRORS", "LocalStack", "chart_dir"]
 
 Log = Callable[[str], None]
 
@@ -36,20 +35,9 @@ def chart_dir() -> Path:
     return path
 
 
-def wait_until(what: str, check: Callable[[], Any], *, timeout: float, interval: float = 0.5) -> Any:
-    """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except (RuntimeError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-            last_error, value = exc, None
-        if value:
-            return value
-        time.sleep(interval)
-    detail = f" (last error: {last_error})" if last_error else ""
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (RuntimeError, subprocess.SubprocessError, ValueError, KeyError)
+"""What a check against the stack may raise while it comes up (kubectl failing, an object half written);
+``wait_until(..., ignore=TRANSIENT_ERRORS)`` counts them as \"not yet\"."""
 
 
 class LocalStack:
