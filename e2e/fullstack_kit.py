@@ -46,7 +46,6 @@ __all__ = [
     "live_by_replica",
     "pod_dirs",
     "pod_pids",
-    "pod_ready",
     "poll_samples",
     "processes_under",
     "quarantined_by",
@@ -110,14 +109,6 @@ def router_pod(stack: LocalStack, pool: str, *, namespace: str = "default") -> l
     selector = f"rolloutpool.io/pool={pool},rolloutpool.io/component=router"
     items: list[dict[str, Any]] = stack.get_json("pods", "-n", namespace, "-l", selector)["items"]
     return items
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    """Whether a pod reports ``Ready=True`` and is not being deleted."""
-    if pod["metadata"].get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def restarts(pod: dict[str, Any]) -> int:

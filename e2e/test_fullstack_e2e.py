@@ -52,7 +52,6 @@ from fullstack_kit import (
     jwt_subject,
     live_by_replica,
     pod_pids,
-    pod_ready,
     poll_samples,
     processes_under,
     quarantined_by,
@@ -63,6 +62,7 @@ from fullstack_kit import (
     router_pod,
     sigkill_pod,
 )
+from rolloutpool.api.pods import is_ready
 from rolloutpool.demo import POOL, demo_pool
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
@@ -121,7 +121,7 @@ def _quiet(stack: LocalStack, timeout: float = 150) -> dict[str, Any]:
             and condition(pool, "ReplicasQuarantined").get("status") == "False"
             and status.get("liveSessions") == 0
             and len(pods) == 3
-            and all(pod_ready(p) for p in pods.values())
+            and all(is_ready(p) for p in pods.values())
             and url is not None
             and sum(live_by_replica(router_metrics(url)).values()) == 0
         )
@@ -146,7 +146,7 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
 ) -> None:
     (operator,) = stack.get_json("pods", "-n", stack.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
     assert operator["spec"]["serviceAccountName"] == "rolloutpool-operator"
-    assert pod_ready(operator)
+    assert is_ready(operator)
     home = stack.directory / "cluster" / "kubelet" / "pods"
     (directory,) = home.glob(f"{stack.namespace}_{operator['metadata']['name']}_*")
     log = (directory / "logs" / "operator.log").read_text()
@@ -169,7 +169,7 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
     assert len(routers) == 1
     for pod in [*pods.values(), *routers]:
         assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
-        assert pod_ready(pod), pod["metadata"]["name"]
+        assert is_ready(pod), pod["metadata"]["name"]
         assert pod_pids(stack, pod), f"no process runs {pod['metadata']['name']}"
     pool = stack.pool(POOL)
     assert condition(pool, "Ready")["reason"] == "Ready"
@@ -356,7 +356,7 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
 
         def back() -> dict[str, Any] | None:
             pod = engine_pods(stack, POOL).get(victim)
-            if pod is None or not pod_ready(pod):
+            if pod is None or not is_ready(pod):
                 return None
             again = pod["metadata"]["uid"] != before["metadata"]["uid"]
             return pod if again or restarts(pod) > restarted else None
@@ -431,11 +431,7 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     sigkill_pod(stack, pod)
     restarted = wait_until(
         lambda: next(
-            (
-                p
-                for p in router_pod(stack, POOL)
-                if pod_ready(p) and p["status"]["containerStatuses"][0]["restartCount"]
-            ),
+            (p for p in router_pod(stack, POOL) if is_ready(p) and p["status"]["containerStatuses"][0]["restartCount"]),
             None,
         ),
         what="the router container restarted and ready",
@@ -457,7 +453,7 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     def new_router() -> str | None:
         seen.append(_status_live(stack))
         fresh = [p for p in router_pod(stack, POOL) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
-        return stack.router_url(POOL) if fresh and all(pod_ready(p) for p in fresh) else None
+        return stack.router_url(POOL) if fresh and all(is_ready(p) for p in fresh) else None
 
     url = wait_until(new_router, what="a new router pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS)
     again = acquire(url, ids)
@@ -561,7 +557,7 @@ def test_operator_restart_makes_no_duplicate_children(stack: LocalStack, manifes
 
     def new_operator() -> dict[str, Any] | None:
         pods = stack.get_json("pods", "-n", stack.namespace, "-l", selector)["items"]
-        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"] and pod_ready(p)]
+        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"] and is_ready(p)]
         return fresh[0] if len(pods) == 1 and fresh else None
 
     new = wait_until(new_operator, what="a new operator pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS)

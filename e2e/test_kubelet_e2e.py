@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rolloutpool.api.pods import has_ready_condition
 from rolloutpool.dev.processes import signal_group
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.localcluster.cluster import LocalCluster
@@ -83,11 +84,6 @@ def _get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> dict[st
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
-def _ready(pod: dict[str, Any] | None) -> bool:
-    conditions = {c["type"]: c["status"] for c in ((pod or {}).get("status") or {}).get("conditions") or []}
-    return conditions.get("Ready") == "True"
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -113,7 +109,7 @@ def test_engine_pods_run_ready_on_their_own_addresses(cluster: LocalCluster, kub
     _apply(cluster, _pod("a", ns), _pod("b", ns))
     pods = [
         wait_until(
-            lambda n=n: (p := _get(cluster, "pod", n, ns)) and _ready(p) and p,
+            lambda n=n: (p := _get(cluster, "pod", n, ns)) and has_ready_condition(p) and p,
             what=f"{n} Ready",
             timeout=90.0,
             interval=0.2,
@@ -165,7 +161,9 @@ def test_crashing_container_is_restarted(cluster: LocalCluster, kubelet: Process
 def test_deletion_terminates_the_process_gracefully(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
     ns = _namespace(cluster, "kl-delete")
     _apply(cluster, _pod("gone", ns, terminationGracePeriodSeconds=30))
-    wait_until(lambda: _ready(_get(cluster, "pod", "gone", ns)), what="Ready", timeout=90.0, interval=0.2)
+    wait_until(
+        lambda: has_ready_condition(_get(cluster, "pod", "gone", ns) or {}), what="Ready", timeout=90.0, interval=0.2
+    )
     (pid,) = kubelet.processes()[f"{ns}/gone"].values()
     log = kubelet.log_path(ns, "gone", "engine")
     assert log is not None
@@ -295,7 +293,7 @@ def test_deployment_pods_run(cluster: LocalCluster, kubelet: ProcessKubelet) -> 
     assert result.returncode == 0, result.stderr
     pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
     assert len(pods) == 2
-    assert all(_ready(p) for p in pods)
+    assert all(has_ready_condition(p) for p in pods)
     cluster.kubectl("delete", "deployment", "engine", "-n", ns, "--wait=true")
     wait_until(
         lambda: not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"],
@@ -319,7 +317,7 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
     with other:
         _apply(cluster, *(_pod(n, ns, schedulerName="kl-stop") for n in ("stop-a", "stop-b")))
         wait_until(
-            lambda: all(_ready(_get(cluster, "pod", n, ns)) for n in ("stop-a", "stop-b")),
+            lambda: all(has_ready_condition(_get(cluster, "pod", n, ns) or {}) for n in ("stop-a", "stop-b")),
             what="Ready",
             timeout=90.0,
             interval=0.2,
@@ -360,7 +358,12 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
     second: subprocess.Popen[bytes] | None = None
     try:
         _apply(cluster, _pod("victim", ns, schedulerName="kl-sigkill"))
-        wait_until(lambda: _ready(_get(cluster, "pod", "victim", ns)), what="Ready", timeout=90.0, interval=0.2)
+        wait_until(
+            lambda: has_ready_condition(_get(cluster, "pod", "victim", ns) or {}),
+            what="Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
         ip = (_get(cluster, "pod", "victim", ns) or {})["status"]["podIP"]
         pids = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(pids) == 1
@@ -487,7 +490,7 @@ def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessK
     }
     _apply(cluster, secret)
     wait_until(
-        lambda: _ready(_get(cluster, "pod", "patient", ns)),
+        lambda: has_ready_condition(_get(cluster, "pod", "patient", ns) or {}),
         what="Ready once the Secret exists",
         timeout=90.0,
         interval=0.2,

@@ -37,7 +37,8 @@ import aiohttp
 import pytest
 import yaml
 
-from fullstack_kit import diagnosis, engine_pods, isolated_stack, pod_ready, processes_under, router_pod
+from fullstack_kit import diagnosis, engine_pods, isolated_stack, processes_under, router_pod
+from rolloutpool.api.pods import is_ready
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER
 from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
@@ -88,7 +89,7 @@ def _url(pod: dict[str, Any], port: int) -> str:
 
 
 def _live_routers(stack: LocalStack) -> dict[str, dict[str, Any]]:
-    return {p["metadata"]["name"]: p for p in router_pod(stack, POOL) if pod_ready(p)}
+    return {p["metadata"]["name"]: p for p in router_pod(stack, POOL) if is_ready(p)}
 
 
 def _assignment(stack: LocalStack) -> dict[str, str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from rolloutpool.api.pods import is_ready
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
 
@@ -174,8 +175,7 @@ class LocalStack:
         target = (service["spec"].get("ports") or [{}])[0].get("targetPort")
         for pod in self.get_json("pods", "-n", namespace, "-l", selector).get("items", []):
             status = pod.get("status") or {}
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
-            if not ready or not status.get("podIP") or pod["metadata"].get("deletionTimestamp"):
+            if not is_ready(pod) or not status.get("podIP"):
                 continue
             ports = [p for c in pod["spec"]["containers"] for p in c.get("ports") or []]
             port = (
