@@ -21,7 +21,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rolloutpool.bench.conformance_probe import CACHE_LABELS, READ_METRICS, Observation, TraceShape, probe
+from rolloutpool.api import vllm_metrics as vm
+from rolloutpool.bench.conformance_probe import CACHE_LABELS, Observation, TraceShape, probe
 from rolloutpool.dev.net import free_port
 from rolloutpool.engine.server import ServerConfig, build_app
 from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
@@ -100,9 +101,9 @@ def _chat_rule(turns: list[list[tuple[int, int]]], block: int) -> tuple[int, int
 def compare(real: Observation, sim: Observation) -> list[Row]:
     """The table's rows (pure)."""
     rows: list[Row] = []
-    for name in READ_METRICS:
+    for name in vm.ENGINE_FAMILIES:
         a, b = real.metrics.get(name, "missing"), sim.metrics.get(name, "missing")
-        if name == "vllm:cache_config_info" and isinstance(a, tuple) and isinstance(b, tuple):
+        if name == vm.CACHE_CONFIG_INFO and isinstance(a, tuple) and isinstance(b, tuple):
             # an info gauge: the project reads a few labels (rows below); vLLM has many more
             read = ("gauge", tuple(sorted(CACHE_LABELS)))
             a_r = (a[0], tuple(k for k in a[1] if k in CACHE_LABELS))
