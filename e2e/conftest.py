@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rolloutpool.demo import install_crd
+from rolloutpool.dev.crd_install import install_crd
 from rolloutpool.localcluster.cluster import LocalCluster
 
 

@@ -24,14 +24,12 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from rolloutpool.api.crd import CRD_NAME, render_crd
 from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.sim.workload import Lognormal, scenario
 from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
-__all__ = ["DemoPhases", "demo_pool", "examples_dir", "install_crd", "pool_table", "run_demo"]
+__all__ = ["DemoPhases", "demo_pool", "examples_dir", "pool_table", "run_demo"]
 
 POOL = "demo"
 """Name of the demo's RolloutPool (namespace ``default``)."""
@@ -43,12 +41,6 @@ def examples_dir() -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"examples folder not found at {path}; run the demo from a RolloutPool checkout")
     return path
-
-
-def install_crd(cluster: LocalCluster) -> None:
-    """Apply the generated CRD and wait until the API server serves it."""
-    cluster.kubectl("apply", "-f", "-", input_text=render_crd())
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
 def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.0) -> dict[str, Any]:
