@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutpool.bench.processes import pid_alive
+from rolloutpool.dev.processes import pid_alive
 from rolloutpool.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
 
 

@@ -14,10 +14,11 @@ import pytest
 from rolloutpool.bench.client import observation_text, prompt_text, reprefilled_tokens
 from rolloutpool.bench.overhead import DIRECT, OverheadConfig, percentile
 from rolloutpool.bench.peers import OURS, RouterLaunch, program_scheduling_config, vllm_router_argv
-from rolloutpool.bench.processes import ProcessSet, pid_alive, rolloutpool_argv
+from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.bench.report import markdown, result_json
 from rolloutpool.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
 from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import pid_alive
 from rolloutpool.engine.cost import CostModel
 from rolloutpool.engine.tokenizer import render_chat, tokenize
 from rolloutpool.sim.workload import scenario

@@ -10,7 +10,6 @@ is the last safety net for groups still alive when the interpreter exits.
 from __future__ import annotations
 
 import atexit
-import os
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ __all__ = [
     "ManagedProcess",
     "ProcessSet",
     "ReadinessError",
-    "pid_alive",
     "rolloutpool_argv",
 ]
 
@@ -40,21 +38,6 @@ class ReadinessError(RuntimeError):
 def rolloutpool_argv(*args: str) -> list[str]:
     """The command line running ``rolloutpool ARGS`` with this interpreter."""
     return [sys.executable, "-c", "from rolloutpool.cli import main; main()", *args]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (and is not a zombie of ours)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - exists, owned by someone else
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):  # pragma: no cover - no procfs
-        return True
 
 
 @dataclass

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["signal_group", "start_group", "stop_group"]
+__all__ = ["pid_alive", "signal_group", "start_group", "stop_group"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -62,14 +62,25 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def _group_alive(pid: int) -> bool:
+def _exists(kill: Callable[[int, int], None], pid: int) -> bool:
     try:
-        os.killpg(pid, 0)
+        kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # pragma: no cover - exists, owned by someone else
         return True
     return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie of ours)."""
+    if not _exists(os.kill, pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):  # pragma: no cover - no procfs
+        return True
 
 
 def stop_group(pid: int, *, grace: float = 10.0, popen: subprocess.Popen[bytes] | None = None) -> None:
@@ -88,7 +99,7 @@ def stop_group(pid: int, *, grace: float = 10.0, popen: subprocess.Popen[bytes] 
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         _reap(pid, popen)
-        if not _group_alive(pid):
+        if not _exists(os.killpg, pid):
             return
         time.sleep(0.1)
     signal_group(pid, signal.SIGKILL)

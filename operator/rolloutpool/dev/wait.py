@@ -12,16 +12,24 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 __all__ = ["wait_until", "wait_until_async"]
 
 T = TypeVar("T")
 
 
-def _timed_out(what: str, timeout: float, last_error: BaseException | None) -> TimeoutError:
-    detail = f" (last error: {last_error})" if last_error is not None else ""
+def _timed_out(what: str, timeout: float, errors: list[Exception]) -> TimeoutError:
+    detail = f" (last error: {errors[-1]})" if errors else ""
     return TimeoutError(f"timed out after {timeout:g}s waiting for {what}{detail}")
+
+
+def _attempt(check: Callable[[], T | None], ignore: tuple[type[Exception], ...], errors: list[Exception]) -> T | None:
+    try:
+        return check()
+    except ignore as exc:
+        errors[:] = [exc]
+        return None
 
 
 def wait_until(
@@ -34,18 +42,12 @@ def wait_until(
 ) -> T:
     """Call ``check`` until it returns something truthy and return that; TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = check()
-        except ignore as exc:
-            last_error = exc
-        else:
-            if value:
-                return value
+    errors: list[Exception] = []
+    while not (value := _attempt(check, ignore, errors)):
         if time.monotonic() > deadline:
-            raise _timed_out(what, timeout, last_error)
+            raise _timed_out(what, timeout, errors)
         time.sleep(interval)
+    return value
 
 
 async def wait_until_async(
@@ -57,19 +59,22 @@ async def wait_until_async(
     ignore: tuple[type[Exception], ...] = (),
 ) -> T:
     """:func:`wait_until` on the running loop; ``check`` may return an awaitable (awaited each time)."""
+
+    async def attempt() -> T | None:
+        value = _attempt(check, ignore, errors)
+        if not inspect.isawaitable(value):
+            return cast("T | None", value)
+        try:
+            return cast("T | None", await value)
+        except ignore as exc:
+            errors[:] = [exc]
+            return None
+
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = check()
-            if inspect.isawaitable(value):
-                value = await value
-        except ignore as exc:
-            last_error = exc
-        else:
-            if value:
-                return value
+    errors: list[Exception] = []
+    while not (value := await attempt()):
         if loop.time() > deadline:
-            raise _timed_out(what, timeout, last_error)
+            raise _timed_out(what, timeout, errors)
         await asyncio.sleep(interval)
+    return value
