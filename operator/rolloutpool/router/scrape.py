@@ -22,13 +22,13 @@ from rolloutpool.router.engine_reports import observe_prefix_caching
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.routing.weights import flush_operations_total
 
-__all__ = ["ReplicaSignals", "Scraper", "parse_signals", "scrape_timeout"]
+__all__ = ["ScrapedSignals", "Scraper", "parse_signals", "scrape_timeout"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ReplicaSignals:
+class ScrapedSignals:
     """KV-pressure signals of one scrape (summed over a replica's engines)."""
 
     waiting: float = 0.0
@@ -117,7 +117,7 @@ def _wanted_lines(text: str) -> str:
     return "\n".join(keep) + "\n"
 
 
-def parse_signals(text: str) -> ReplicaSignals:
+def parse_signals(text: str) -> ScrapedSignals:
     """The signals in a vLLM ``/metrics`` text (pure). Raises ``ValueError`` on unparsable text."""
     text = _wanted_lines(text)
     sums = dict.fromkeys(_SUMMED.values(), 0.0)
@@ -151,7 +151,7 @@ def parse_signals(text: str) -> ReplicaSignals:
     for key, value in legacy.items():
         if key not in seen:
             sums[key] = value
-    return ReplicaSignals(
+    return ScrapedSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,

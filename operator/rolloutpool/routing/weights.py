@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rolloutpool.api.vllm_metrics import RL_WEIGHT_UPDATE_OPS_COUNT
+from rolloutpool.routing.pressure import PressureReason
 from rolloutpool.routing.quarantine import PressureState
 
 __all__ = [
@@ -130,7 +131,7 @@ def law_holds(*, weight_updates: float | None, reason: str | None) -> bool:
     return reason in _BURST_REASONS and (weight_updates or 0.0) > 0
 
 
-_BURST_REASONS = frozenset({"Preempting", "Queueing"})
+_BURST_REASONS = frozenset({PressureReason.PREEMPTING, PressureReason.QUEUEING})
 
 
 def observe_scrape_excused(state: PressureState, *, now: float, preemptions_total: float) -> None:
