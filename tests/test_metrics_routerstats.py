@@ -20,7 +20,7 @@ from rolloutpool.metrics.routerstats import (
     parse_router_metrics,
     read_router_stats,
 )
-from rolloutpool.router.metrics import PRESSURE_REASONS, ReplicaGauges, RouterMetrics
+from rolloutpool.router.instruments import PRESSURE_REASONS, ReplicaGauges, RouterMetrics
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.quarantine import QuarantineConfig
 from routerkit import engines, no_leaked_tasks, router

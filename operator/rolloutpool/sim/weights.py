@@ -30,7 +30,7 @@ from rolloutpool.routing.weights import WeightConfig, WeightTracker
 if TYPE_CHECKING:
     from rolloutpool.engine.core import Engine
     from rolloutpool.sim.adaptive import AdaptiveCaps
-    from rolloutpool.sim.metrics import RunResult
+    from rolloutpool.sim.results import RunResult
 
 __all__ = [
     "SimWeightUpdates",
