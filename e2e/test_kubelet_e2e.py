@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rolloutpool.api.pods import has_ready_condition
-from rolloutpool.dev.processes import signal_group
+from rolloutpool.dev.processes import pid_alive, signal_group, start_group
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.localcluster.kubelet import ProcessKubelet, default_executables
@@ -82,14 +82,6 @@ def _pod(name: str, namespace: str, *, command: list[str] | None = None, **spec:
 def _get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
     result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_node_registered_with_gpus(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
@@ -170,7 +162,7 @@ def test_deletion_terminates_the_process_gracefully(cluster: LocalCluster, kubel
     started = time.monotonic()
     cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=true", "--timeout=60s")
     assert time.monotonic() - started < 25  # SIGTERM honoured: no wait for the 30 s SIGKILL
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     assert f"{ns}/gone" not in kubelet.processes()
     assert _get(cluster, "pod", "gone", ns) is None
 
@@ -326,8 +318,8 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
         assert sorted(ips) == ["127.0.1.2", "127.0.1.3"]  # the second node's own pod subnet
         pids = [pid for containers in other.processes().values() for pid in containers.values()]
         assert len(pids) == 2
-        assert all(_alive(p) for p in pids)
-    assert not any(_alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert other.processes() == {}
     node = _get(cluster, "node", "kl-stop-node", "default")
     assert node is not None
@@ -340,8 +332,7 @@ def _kubelet_process(cluster: LocalCluster, directory: Path, name: str) -> subpr
     command = default_executables()["rolloutpool"]
     argv = [command, "localcluster", "kubelet", f"--dir={directory}", f"--kubeconfig={cluster.kubeconfig}"]
     argv += [f"--node-name={name}-node", f"--scheduler-name={name}", "--pod-subnet=127.0.2.0/24"]
-    with open(directory / "kubelet.log", "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return start_group(argv, log=directory / "kubelet.log", append=True)
 
 
 def _answers(url: str) -> bool:
@@ -370,7 +361,7 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
         assert ip.startswith("127.0.2.")
         os.kill(first.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
         first.wait(timeout=10)
-        wait_until(lambda: not any(_alive(p) for p in pids), what="pod process gone", timeout=10, interval=0.2)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), what="pod process gone", timeout=10, interval=0.2)
         assert not _answers(f"http://{ip}:8000/health")
         # a kubelet started again on the same node runs the pod again, on the address it had
         second = _kubelet_process(cluster, tmp_path, "kl-sigkill")
@@ -381,7 +372,7 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
         assert len(again) == 1
         second.terminate()  # SIGTERM: the kubelet stops its pods on the way out
         assert second.wait(timeout=30) == 0
-        assert not any(_alive(p) for p in again)
+        assert not any(pid_alive(p) for p in again)
     finally:
         for proc in (first, second):
             if proc is not None:
