@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from rolloutpool.dev.crd_install import install_crd
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,6 +1,6 @@
 """Helpers of the full-stack e2e tests (this module holds no tests).
 
-The stack is :class:`rolloutpool.stack.LocalStack`: the real control plane, the process
+The stack is :class:`rolloutpool.dev.stack.LocalStack`: the real control plane, the process
 kubelet (pods of our image as local processes, each on its own 127.0.0.x), Prometheus and
 ``helm install`` of the chart. These helpers read it the way a user would (``kubectl``,
 the router's ``/metrics``) plus what only this machine allows: the processes of a pod,
@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.stack import LocalStack
 from rolloutpool.sim.workload import Lognormal, scenario
-from rolloutpool.stack import LocalStack
 
 __all__ = [
     "LoadRun",

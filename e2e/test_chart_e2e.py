@@ -18,8 +18,8 @@ import yaml
 
 from poolcases import ROOT
 from rolloutpool.api.crd import CRD_NAME
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
 from test_chart import OPERATOR_RULES
 
 CHART = ROOT / "charts" / "rolloutpool"

@@ -63,10 +63,10 @@ from fullstack_kit import (
     sigkill_pod,
 )
 from rolloutpool.api.pods import is_ready
-from rolloutpool.demo import POOL, demo_pool
+from rolloutpool.dev.demo import POOL, demo_pool
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
-from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 TIME_SCALE = 10.0

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from rolloutpool.api.pods import has_ready_condition
+from rolloutpool.dev.kubelet.kubelet import ProcessKubelet, default_executables
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.processes import pid_alive, signal_group, start_group
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.kubelet import ProcessKubelet, default_executables
 
 IMAGE = "ghcr.io/rolloutpool/rolloutpool:0.1.0"
 _ENGINE_ARGS = ["engine-sim", "--host=$(POD_IP)", "--port=8000", "--kv-capacity-tokens=4096", "--max-model-len=1024"]

@@ -19,9 +19,9 @@ import yaml
 from kubernetes import client
 
 from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.reconcile.caps import replica_caps
 from test_operator_kit import (
     EXAMPLES,

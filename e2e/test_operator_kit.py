@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.kube.pods import api_client
-from rolloutpool.localcluster.cluster import LocalCluster
 
 __all__ = [
     "EXAMPLES",

@@ -21,10 +21,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.prometheus import local_cluster_prometheus
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus import local_cluster_prometheus
 from test_operator_kit import (
     EXAMPLES,
     OperatorProcess,

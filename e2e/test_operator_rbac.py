@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
 from test_operator_kit import EXAMPLES, OperatorProcess, apply_pool, namespace
 
 NS = "op-rbac"

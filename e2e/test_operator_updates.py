@@ -20,8 +20,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.cluster import LocalCluster
 from test_operator_kit import (
     EXAMPLES,
     FakeRouter,

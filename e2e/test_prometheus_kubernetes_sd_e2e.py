@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.prometheus import local_cluster_prometheus
 from rolloutpool.dev.net import free_port
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus import local_cluster_prometheus
 from rolloutpool.metrics.prom import PrometheusSignals
 
 NAMESPACE = "prom-sd"

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 import yaml
 
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.kube.pods import PodWatch, api_client
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.router import RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER

@@ -39,9 +39,9 @@ import yaml
 
 from fullstack_kit import diagnosis, engine_pods, isolated_stack, processes_under, router_pod
 from rolloutpool.api.pods import is_ready
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER
-from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
 POOL = "fleet"
 ENGINES = 6

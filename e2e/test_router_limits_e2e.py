@@ -9,10 +9,10 @@ from contextlib import contextmanager
 import yaml
 
 from poolcases import load_example
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.kube.pods import api_client
 from rolloutpool.kube.pools import PoolWatch
-from rolloutpool.localcluster.cluster import LocalCluster
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER

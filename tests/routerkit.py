@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from rolloutpool.engine.server import ServerConfig, build_app
+from rolloutpool.engine.server.app import ServerConfig, build_app
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER, RouterService

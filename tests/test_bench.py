@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from rolloutpool.bench.client import observation_text, prompt_text, reprefilled_tokens
-from rolloutpool.bench.overhead import DIRECT, OverheadConfig, percentile
-from rolloutpool.bench.peers import OURS, RouterLaunch, program_scheduling_config, vllm_router_argv
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
-from rolloutpool.bench.report import markdown, result_json
-from rolloutpool.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
+from rolloutpool.dev.bench.client import observation_text, prompt_text, reprefilled_tokens
+from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, percentile
+from rolloutpool.dev.bench.peers import OURS, RouterLaunch, program_scheduling_config, vllm_router_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.bench.report import markdown, result_json
+from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.processes import pid_alive
-from rolloutpool.engine.cost import CostModel
-from rolloutpool.engine.tokenizer import render_chat, tokenize
+from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.engine.model.tokenizer import render_chat, tokenize
 from rolloutpool.sim.workload import scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,7 @@ def test_rl_client_example_runs_against_our_router_and_vllm_router(tmp_path: Pat
 def test_bench_command_checks_its_inputs_before_starting_anything(tmp_path: Path) -> None:
     from click.testing import CliRunner  # noqa: PLC0415
 
-    from rolloutpool.bench.cli_command import bench_command  # noqa: PLC0415
+    from rolloutpool.cli.bench import bench_command  # noqa: PLC0415
 
     runner = CliRunner()
     assert runner.invoke(bench_command, ["--help"]).exit_code == 0

@@ -19,8 +19,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from poolcases import ROOT
-from rolloutpool.engine.core import Engine, EngineConfig
-from rolloutpool.engine.metrics import CacheConfigInfo, EngineMetrics
+from rolloutpool.engine.model.core import Engine, EngineConfig
+from rolloutpool.engine.server.metrics import CacheConfigInfo, EngineMetrics
 from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics
 
 DASHBOARD = ROOT / "charts" / "rolloutpool" / "dashboards" / "rolloutpool.json"

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.dev.wait import wait_until_async
-from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.engine.server_rl import RL_CONTROL, RLControl
-from rolloutpool.engine.tokenizer import tokenize
+from rolloutpool.engine.model.tokenizer import tokenize
+from rolloutpool.engine.server.app import ServerConfig, build_app
+from rolloutpool.engine.server.rl import RL_CONTROL, RLControl
 from routerkit import ENGINE_DEFAULTS, MODEL, serve, sse
 
 

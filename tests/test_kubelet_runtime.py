@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from rolloutpool.dev.kubelet.runtime import ContainerRun, Launch, PodRun
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.localcluster.kubelet_runtime import ContainerRun, Launch, PodRun
 
 
 @pytest.fixture

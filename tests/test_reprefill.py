@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rolloutpool.dev.localcluster.vllm_env import extra_requirements, recipe_hash
+from rolloutpool.dev.localcluster.vllm_model import VllmServerConfig, server_command
 from rolloutpool.dev.wait import wait_until_async
-from rolloutpool.localcluster.vllm_env import extra_requirements, recipe_hash
-from rolloutpool.localcluster.vllm_model import VllmServerConfig, server_command
 from rolloutpool.metrics.routerstats import parse_router_metrics
 from rolloutpool.reconcile.caps import parse_spec
 from rolloutpool.reconcile.status import build_status

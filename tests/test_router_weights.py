@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from rolloutpool.dev.wait import wait_until_async
-from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.engine.server_rl import RL_CONTROL, RLControl
+from rolloutpool.engine.server.app import ServerConfig, build_app
+from rolloutpool.engine.server.rl import RL_CONTROL, RLControl
 from rolloutpool.router.admin import fan_out_status
 from rolloutpool.routing.quarantine import PressureState, QuarantineConfig
 from rolloutpool.routing.weights import (

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from rolloutpool.bench.conformance import EVICT, SMALL, compare, observe_sim
-from rolloutpool.bench.conformance_probe import probe
-from rolloutpool.bench.vllm_acceptance import run_acceptance
+from rolloutpool.dev.bench.conformance import EVICT, SMALL, compare, observe_sim
+from rolloutpool.dev.bench.conformance_probe import probe
+from rolloutpool.dev.bench.vllm_acceptance import run_acceptance
+from rolloutpool.dev.localcluster.vllm_env import vllm_env
+from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
 from rolloutpool.dev.net import free_port
-from rolloutpool.localcluster.vllm_env import vllm_env
-from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
 from rolloutpool.router.scrape import parse_signals
 
 if not vllm_env().ready() and os.environ.get("CI") != "true":

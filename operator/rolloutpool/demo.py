@@ -24,10 +24,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
 from rolloutpool.dev.wait import wait_until
 from rolloutpool.sim.workload import Lognormal, scenario
-from rolloutpool.stack import TRANSIENT_ERRORS, LocalStack
 
 __all__ = ["DemoPhases", "demo_pool", "examples_dir", "pool_table", "run_demo"]
 
@@ -37,7 +37,7 @@ POOL = "demo"
 
 def examples_dir() -> Path:
     """The checkout's ``examples/`` folder (the demo runs from a checkout)."""
-    path = Path(__file__).resolve().parents[2] / "examples"
+    path = Path(__file__).resolve().parents[3] / "examples"
     if not path.is_dir():
         raise FileNotFoundError(f"examples folder not found at {path}; run the demo from a RolloutPool checkout")
     return path

@@ -20,8 +20,8 @@ from types import TracebackType
 from typing import Any
 
 from rolloutpool.api.pods import is_ready
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
 
 __all__ = ["TRANSIENT_ERRORS", "LocalStack", "chart_dir"]
 
@@ -30,7 +30,7 @@ Log = Callable[[str], None]
 
 def chart_dir() -> Path:
     """The checkout's ``charts/rolloutpool`` (the stack runs from a checkout)."""
-    path = Path(__file__).resolve().parents[2] / "charts" / "rolloutpool"
+    path = Path(__file__).resolve().parents[3] / "charts" / "rolloutpool"
     if not (path / "Chart.yaml").is_file():
         raise FileNotFoundError(f"Helm chart not found at {path}; run from a RolloutPool checkout")
     return path

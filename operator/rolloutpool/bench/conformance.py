@@ -1,9 +1,9 @@
 """engine-sim against a real vLLM: the same traffic, compared on what the project reads.
 
-``python -m rolloutpool.bench.conformance --out docs/conformance.md`` starts a real vLLM
-(the cached CPU install and tiny model, :mod:`rolloutpool.localcluster.vllm_model`)
+``python -m rolloutpool.dev.bench.conformance --out docs/conformance.md`` starts a real vLLM
+(the cached CPU install and tiny model, :mod:`rolloutpool.dev.localcluster.vllm_model`)
 with a small KV cache, starts engine-sim with the same limits, probes both
-(:mod:`rolloutpool.bench.conformance_probe`) and writes the table (item, vLLM 0.32,
+(:mod:`rolloutpool.dev.bench.conformance_probe`) and writes the table (item, vLLM 0.32,
 engine-sim, match). Rows marked *read* are what the router or the operator depends on:
 they must all match. The page also lists what engine-sim knowingly does not model.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 from aiohttp import web
 
 from rolloutpool.api import vllm_metrics as vm
-from rolloutpool.bench.conformance_probe import CACHE_LABELS, Observation, TraceShape, probe
+from rolloutpool.dev.bench.conformance_probe import CACHE_LABELS, Observation, TraceShape, probe
+from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
 from rolloutpool.dev.net import free_port
-from rolloutpool.engine.server import ServerConfig, build_app
-from rolloutpool.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
+from rolloutpool.engine.server.app import ServerConfig, build_app
 
 __all__ = ["NOT_MODELLED", "Row", "compare", "main", "render", "run"]
 
@@ -255,14 +255,14 @@ async def run(*, vllm_url: str | None) -> tuple[Observation, Observation]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the conformance page; exit 1 when a read row mismatches."""
-    parser = argparse.ArgumentParser(prog="python -m rolloutpool.bench.conformance")
+    parser = argparse.ArgumentParser(prog="python -m rolloutpool.dev.bench.conformance")
     parser.add_argument("--out", type=Path, default=Path("docs/conformance.md"))
     parser.add_argument("--vllm-url", default=None, help="A fresh tiny vLLM already serving (default: start one).")
     args = parser.parse_args(argv)
     started = time.monotonic()
     real, sim = asyncio.run(run(vllm_url=args.vllm_url))
     rows = compare(real, sim)
-    command = "python -m rolloutpool.bench.conformance --out docs/conformance.md"
+    command = "python -m rolloutpool.dev.bench.conformance --out docs/conformance.md"
     args.out.write_text(render(rows, command=command, seconds=time.monotonic() - started))
     bad = [r for r in rows if r.read and not r.match]
     for r in bad:

@@ -6,7 +6,7 @@ keys, a few label values), the answer and usage keys of completions and chat, th
 stream framing and tail, ``cached_tokens`` on the returning turns of multi-turn
 sessions (token-id prompts, replayed with the engine's own output ids, and chat), the
 prefix-cache counters over an oversubscribed trace, and error shapes.
-:mod:`rolloutpool.bench.conformance` compares two observations.
+:mod:`rolloutpool.dev.bench.conformance` compares two observations.
 """
 
 from __future__ import annotations

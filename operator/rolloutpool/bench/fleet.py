@@ -1,6 +1,6 @@
 """Aggregate throughput of 1, 2 and 3 routers acting as one fleet, on loopback.
 
-``python -m rolloutpool.bench.fleet`` starts engine simulators (so fast that their own time
+``python -m rolloutpool.dev.bench.fleet`` starts engine simulators (so fast that their own time
 is small), then static fleets of 1, 2 and 3 router processes in front of the SAME engines
 (``rolloutpool router --self-url ... --peer-urls ...``: each router takes its share of the
 engines and forwards sessions it does not own). Load: one ``wrk`` per router of a fleet, all at
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.reconcile.assignment import assign_engines
 from rolloutpool.routing.fleetview import static_view

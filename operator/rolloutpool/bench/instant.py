@@ -1,4 +1,4 @@
-"""An engine stand-in that answers at once, to measure router overhead (``python -m rolloutpool.bench.instant PORT``).
+"""An engine stand-in that answers at once, to measure router overhead (``python -m rolloutpool.dev.bench.instant PORT``).
 
 It reads each request body whole (as any engine must) but does not decode it, and
 answers completions and chat completions with a fixed small JSON body carrying the

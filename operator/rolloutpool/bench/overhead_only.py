@@ -1,6 +1,6 @@
 """``rolloutpool bench --overhead-only``: per-request cost of our router next to vllm-router, measured with wrk.
 
-Two instant engine stand-ins (:mod:`rolloutpool.bench.instant`) sit behind our
+Two instant engine stand-ins (:mod:`rolloutpool.dev.bench.instant`) sit behind our
 router (``--cap 100000``) and vllm-router (``--policy sticky_least_loaded``); the
 third target is a stand-in itself ("direct"). wrk (1 thread) drives each target in
 turn, the order rotating every round, so that the machine's drifting load hits every
@@ -9,7 +9,7 @@ completion request, 32 connections) and large (a 24k-token prompt, about 200 KB,
 16 connections, what an RL turn's context looks like).
 
 Then, at half of vllm-router's measured saturation rate (per body size), the
-fixed-rate pass (:mod:`rolloutpool.bench.wrk` describes the pacing) gives each
+fixed-rate pass (:mod:`rolloutpool.dev.bench.wrk` describes the pacing) gives each
 router's added p50 over direct, taken round by round. The CPU time (user + system,
 from ``/proc``) each router process spent per request is reported too: unlike
 req/s it hardly depends on what else runs on the machine.
@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rolloutpool.bench.peers import RouterLaunch, vllm_router_argv
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
-from rolloutpool.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
+from rolloutpool.dev.bench.peers import RouterLaunch, vllm_router_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
 
@@ -106,7 +106,7 @@ def _start(config: OverheadOnlyConfig, procs: ProcessSet) -> tuple[dict[str, str
     for i in range(2):
         port = free_port()
         url = f"http://{LOOPBACK}:{port}"
-        argv = [rolloutpool_argv()[0], "-m", "rolloutpool.bench.instant", str(port)]
+        argv = [rolloutpool_argv()[0], "-m", "rolloutpool.dev.bench.instant", str(port)]
         procs.start(f"instant-{i}", argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
         workers.append(url)
     targets, pids = {DIRECT: workers[0]}, {}

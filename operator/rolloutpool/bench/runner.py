@@ -18,11 +18,11 @@ from pathlib import Path
 import aiohttp
 
 from rolloutpool.api import vllm_metrics as vm
-from rolloutpool.bench.client import ClientConfig, ClientResult, run_client
-from rolloutpool.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
-from rolloutpool.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
-from rolloutpool.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.capacity import conservative_cap
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
+from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
 from rolloutpool.sim.workload import Lognormal, Scenario

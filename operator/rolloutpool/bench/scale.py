@@ -15,7 +15,7 @@ law for every replica), ``build_status``, ``events_between`` and the status comp
 Kubernetes and Prometheus round trips are not included (they are I/O, measured elsewhere).
 Times are CPU time of this process (``time.process_time``); one pass's wall time is reported too.
 
-``python -m rolloutpool.bench.scale --out out/scale.json``
+``python -m rolloutpool.dev.bench.scale --out out/scale.json``
 """
 
 from __future__ import annotations
@@ -270,8 +270,8 @@ def operator_pass(*, replicas: int, passes: int, seed: int = 0) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m rolloutpool.bench.scale``: print (and optionally write) both figures as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m rolloutpool.bench.scale", description=__doc__.split("\n")[0])
+    """``python -m rolloutpool.dev.bench.scale``: print (and optionally write) both figures as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m rolloutpool.dev.bench.scale", description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=20_000, help="Placements measured at full size.")

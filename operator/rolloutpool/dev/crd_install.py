@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rolloutpool.api.crd import CRD_NAME, render_crd
-from rolloutpool.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 __all__ = ["install_crd"]
 

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rolloutpool.api import vllm_metrics as vm
-from rolloutpool.engine.core import Engine
+from rolloutpool.engine.model.core import Engine
 
 __all__ = [
     "E2E_BUCKETS",

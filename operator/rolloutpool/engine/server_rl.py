@@ -1,9 +1,9 @@
 """vLLM 0.32's RL endpoints on the engine simulator: token-in generate, tokenize, pause/resume, weight sync.
 
 - ``POST /inference/v1/generate``: token ids in, token ids out, streamed or not
-  (:mod:`rolloutpool.engine.server_rl_protocol`). ``cache_salt`` seeds the block
+  (:mod:`rolloutpool.engine.server.rl_protocol`). ``cache_salt`` seeds the block
   chain, so requests salted differently share no cached block, as in vLLM.
-- ``POST /tokenize``, ``/detokenize`` and the render endpoints (:mod:`rolloutpool.engine.server_tokens`).
+- ``POST /tokenize``, ``/detokenize`` and the render endpoints (:mod:`rolloutpool.engine.server.tokens`).
 - ``POST /pause?mode=abort|wait|keep&clear_cache=``: new generation requests (every
   generation path) wait until ``/resume``. ``abort`` (default) ends the requests in
   flight with ``finish_reason: abort``; ``wait`` answers once they have finished;
@@ -37,8 +37,9 @@ from aiohttp import web
 from prometheus_client import Gauge, Histogram
 
 from rolloutpool.api import vllm_metrics as vm
-from rolloutpool.engine.server_protocol import OpenAIError, parse_json_object
-from rolloutpool.engine.server_rl_protocol import (
+from rolloutpool.engine.model.tokenizer import detokenize, generate_ids
+from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server.rl_protocol import (
     Span,
     generate_chunk,
     generate_response,
@@ -46,13 +47,12 @@ from rolloutpool.engine.server_rl_protocol import (
     parse_pause,
     salt_hash,
 )
-from rolloutpool.engine.server_runtime import EngineRunner, Job
-from rolloutpool.engine.server_shapes import usage
-from rolloutpool.engine.server_tokens import TokenAPI
-from rolloutpool.engine.tokenizer import detokenize, generate_ids
+from rolloutpool.engine.server.runtime import EngineRunner, Job
+from rolloutpool.engine.server.shapes import usage
+from rolloutpool.engine.server.tokens import TokenAPI
 
 if TYPE_CHECKING:
-    from rolloutpool.engine.server import ServerConfig
+    from rolloutpool.engine.server.app import ServerConfig
 
 __all__ = ["GENERATION_PATHS", "RL_CONTROL", "RLControl", "install_rl_api"]
 

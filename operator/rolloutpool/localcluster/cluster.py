@@ -28,10 +28,10 @@ from types import TracebackType
 
 import yaml
 
+from rolloutpool.dev.localcluster.build import Binaries, ensure_binaries
+from rolloutpool.dev.localcluster.certs import PkiPaths, write_pki
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.processes import start_group, stop_group
-from rolloutpool.localcluster.build import Binaries, ensure_binaries
-from rolloutpool.localcluster.certs import PkiPaths, write_pki
 
 __all__ = ["LocalCluster", "stop_recorded"]
 
@@ -247,7 +247,7 @@ class LocalCluster:
 
     def _start_kubelet(self) -> None:
         """The process kubelet as a child (pods in ``<dir>/kubelet``); waits until its Node is Ready."""
-        from rolloutpool.localcluster.kubelet import default_executables  # noqa: PLC0415 - only with kubelet=True
+        from rolloutpool.dev.kubelet.kubelet import default_executables  # noqa: PLC0415 - only with kubelet=True
 
         command = default_executables().get("rolloutpool", "rolloutpool")
         subnet = [f"--pod-subnet={self.pod_subnet}"] if self.pod_subnet else []

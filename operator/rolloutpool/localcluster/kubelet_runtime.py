@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rolloutpool.dev.processes import signal_group, start_group
-from rolloutpool.localcluster.kubelet_decide import backoff_seconds
-from rolloutpool.localcluster.kubelet_status import (
+from rolloutpool.dev.kubelet.decide import backoff_seconds
+from rolloutpool.dev.kubelet.status import (
     ContainerView,
     ProbeState,
     Terminated,
@@ -32,6 +31,7 @@ from rolloutpool.localcluster.kubelet_status import (
     probe_step,
     will_restart,
 )
+from rolloutpool.dev.processes import signal_group, start_group
 
 __all__ = ["ContainerRun", "Launch", "PodRun", "run_probe"]
 

@@ -27,10 +27,8 @@ from typing import Any
 
 import yaml
 
-from rolloutpool.dev.net import free_port
-from rolloutpool.dev.processes import start_group, stop_group
-from rolloutpool.localcluster.cluster import LocalCluster
-from rolloutpool.localcluster.prometheus_discovery import (
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.localcluster.prometheus_discovery import (
     DEFAULT_BINARY,
     PodDiscoveryBridge,
     StaticTarget,
@@ -42,6 +40,8 @@ from rolloutpool.localcluster.prometheus_discovery import (
     pod_targets,
     static_scrape_config,
 )
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import start_group, stop_group
 
 __all__ = [
     "DEFAULT_BINARY",

@@ -1,7 +1,7 @@
 """The tiny local model and a real vLLM server process for tests, conformance and the kubelet.
 
 :func:`ensure_tiny_model` makes the model once per machine next to the vLLM venv
-(see :mod:`rolloutpool.localcluster.vllm_tiny_model`); :class:`VllmServer` starts
+(see :mod:`rolloutpool.dev.localcluster.vllm_tiny_model`); :class:`VllmServer` starts
 ``vllm.entrypoints.openai.api_server`` from that venv with the flags DESIGN section 5
 lists (block size 32, prompt tokens details on) and waits for ``/health``.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from rolloutpool.dev.localcluster.vllm_env import VllmEnv, ensure_vllm, vllm_env
 from rolloutpool.dev.processes import start_group, stop_group
-from rolloutpool.localcluster.vllm_env import VllmEnv, ensure_vllm, vllm_env
 
 __all__ = [
     "MODEL_RECIPE",
@@ -51,7 +51,7 @@ def ensure_tiny_model(env: VllmEnv, *, log: Log = print) -> Path:
     if stamp.is_file():
         return target
     if not env.ready():
-        raise RuntimeError(f"vLLM is not installed at {env.venv}: run 'python -m rolloutpool.localcluster.vllm_env'")
+        raise RuntimeError(f"vLLM is not installed at {env.venv}: run 'python -m rolloutpool.dev.localcluster.vllm_env'")
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"Making the tiny model in {target}")
@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - manual
     """``ensure``: install vLLM and make the tiny model (what ``.ci/dev`` runs); ``serve [PORT]``: serve it."""
     import argparse  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(prog="python -m rolloutpool.localcluster.vllm_model")
+    parser = argparse.ArgumentParser(prog="python -m rolloutpool.dev.localcluster.vllm_model")
     parser.add_argument("command", choices=("ensure", "serve"))
     parser.add_argument("port", nargs="?", type=int, default=8000)
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="--num-gpu-blocks-override")

@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, replace
 
 from rolloutpool.capacity import conservative_cap
-from rolloutpool.engine.cost import hardware_preset
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
 from rolloutpool.sim.results import RunResult
 

@@ -23,12 +23,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rolloutpool.engine.core import Request
+from rolloutpool.engine.model.core import Request
 from rolloutpool.routing.pressure import PressureReason
 from rolloutpool.routing.weights import WeightConfig, WeightTracker
 
 if TYPE_CHECKING:
-    from rolloutpool.engine.core import Engine
+    from rolloutpool.engine.model.core import Engine
     from rolloutpool.sim.adaptive import AdaptiveCaps
     from rolloutpool.sim.results import RunResult
 
