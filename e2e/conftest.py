@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rolloutpool.dev.demo import install_crd
+from rolloutpool.dev.crd_install import install_crd
 from rolloutpool.dev.localcluster.cluster import LocalCluster
 
 

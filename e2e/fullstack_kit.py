@@ -28,7 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
-from rolloutpool.dev.stack import LocalStack, wait_until
+from rolloutpool.dev.stack import LocalStack
 from rolloutpool.sim.workload import Lognormal, scenario
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "live_by_replica",
     "pod_dirs",
     "pod_pids",
-    "pod_ready",
     "poll_samples",
     "processes_under",
     "quarantined_by",
@@ -56,7 +55,6 @@ __all__ = [
     "router_metrics",
     "router_pod",
     "sigkill_pod",
-    "wait_until",
 ]
 
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -111,14 +109,6 @@ def router_pod(stack: LocalStack, pool: str, *, namespace: str = "default") -> l
     selector = f"rolloutpool.io/pool={pool},rolloutpool.io/component=router"
     items: list[dict[str, Any]] = stack.get_json("pods", "-n", namespace, "-l", selector)["items"]
     return items
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    """Whether a pod reports ``Ready=True`` and is not being deleted."""
-    if pod["metadata"].get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def restarts(pod: dict[str, Any]) -> int:

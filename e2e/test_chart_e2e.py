@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from poolcases import ROOT
 from rolloutpool.api.crd import CRD_NAME
 from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.wait import wait_until
 from test_chart import OPERATOR_RULES
 
 CHART = ROOT / "charts" / "rolloutpool"
@@ -47,14 +47,6 @@ def helm(cluster: LocalCluster, tmp_path: Path) -> Callable[..., subprocess.Comp
 def ensure_namespaces(cluster: LocalCluster, *names: str) -> None:
     docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in names]
     cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
-        time.sleep(0.25)
 
 
 def exists(cluster: LocalCluster, *ref: str) -> bool:
@@ -205,7 +197,12 @@ def test_install_creates_the_operator_and_uninstall_leaves_only_the_crd(
         assert exists(cluster, *ref), ref
     # the controller-manager turns the Deployment into a (Pending) pod: the pod template is valid
     selector = "app.kubernetes.io/instance=inst,app.kubernetes.io/component=operator"
-    wait_until(lambda: exists(cluster, "pods", "-n", ns, "-l", selector), "the operator pod exists")
+    wait_until(
+        lambda: exists(cluster, "pods", "-n", ns, "-l", selector),
+        what="the operator pod exists",
+        timeout=60.0,
+        interval=0.25,
+    )
 
     status = helm("status", "inst", "--namespace", ns)
     assert "STATUS: deployed" in status.stdout
@@ -213,8 +210,13 @@ def test_install_creates_the_operator_and_uninstall_leaves_only_the_crd(
     result = helm("uninstall", "inst", "--namespace", ns)
     assert result.returncode == 0, result.stderr
     for ref in objects:
-        wait_until(lambda ref=ref: not exists(cluster, *ref), f"{ref} is deleted")
-    wait_until(lambda: not exists(cluster, "replicasets,pods", "-n", ns, "-l", selector), "the pods are collected")
+        wait_until(lambda ref=ref: not exists(cluster, *ref), what=f"{ref} is deleted", timeout=60.0, interval=0.25)
+    wait_until(
+        lambda: not exists(cluster, "replicasets,pods", "-n", ns, "-l", selector),
+        what="the pods are collected",
+        timeout=60.0,
+        interval=0.25,
+    )
     assert exists(cluster, "crd", CRD_NAME)
 
 
@@ -274,11 +276,23 @@ def test_aggregated_roles_reach_the_builtin_view_and_edit(
     ]
     cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(bindings))
     # the controller-manager's aggregation controller copies the rules into the built-in roles
-    wait_until(lambda: can_i(cluster, "editor", "create", "rolloutpools", group=GROUP, namespace=ns), "edit aggregates")
-    wait_until(lambda: can_i(cluster, "viewer", "get", "rolloutpools", group=GROUP, namespace=ns), "view aggregates")
+    wait_until(
+        lambda: can_i(cluster, "editor", "create", "rolloutpools", group=GROUP, namespace=ns),
+        what="edit aggregates",
+        timeout=60.0,
+        interval=0.25,
+    )
+    wait_until(
+        lambda: can_i(cluster, "viewer", "get", "rolloutpools", group=GROUP, namespace=ns),
+        what="view aggregates",
+        timeout=60.0,
+        interval=0.25,
+    )
     wait_until(
         lambda: can_i(cluster, "owner", "deletecollection", "rolloutpools", group=GROUP, namespace=ns),
-        "admin aggregates",
+        what="admin aggregates",
+        timeout=60.0,
+        interval=0.25,
     )
     assert can_i(cluster, "viewer", "get", "rolloutpools/status", group=GROUP, namespace=ns)
     assert not can_i(cluster, "viewer", "create", "rolloutpools", group=GROUP, namespace=ns)

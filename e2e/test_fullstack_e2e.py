@@ -52,7 +52,6 @@ from fullstack_kit import (
     jwt_subject,
     live_by_replica,
     pod_pids,
-    pod_ready,
     poll_samples,
     processes_under,
     quarantined_by,
@@ -62,10 +61,11 @@ from fullstack_kit import (
     router_metrics,
     router_pod,
     sigkill_pod,
-    wait_until,
 )
+from rolloutpool.api.pods import is_ready
 from rolloutpool.dev.demo import POOL, demo_pool
-from rolloutpool.dev.stack import LocalStack
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -102,7 +102,9 @@ def _kubectl(stack: LocalStack, *args: str) -> str:
 
 
 def _router(stack: LocalStack) -> str:
-    url: str = wait_until("a ready router pod", lambda: stack.router_url(POOL), timeout=120)
+    url: str = wait_until(
+        lambda: stack.router_url(POOL), what="a ready router pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+    )
     return url
 
 
@@ -119,13 +121,15 @@ def _quiet(stack: LocalStack, timeout: float = 150) -> dict[str, Any]:
             and condition(pool, "ReplicasQuarantined").get("status") == "False"
             and status.get("liveSessions") == 0
             and len(pods) == 3
-            and all(pod_ready(p) for p in pods.values())
+            and all(is_ready(p) for p in pods.values())
             and url is not None
             and sum(live_by_replica(router_metrics(url)).values()) == 0
         )
         return pool if ok else None
 
-    pool: dict[str, Any] = wait_until("the pool quiet", check, timeout=timeout, interval=1.0)
+    pool: dict[str, Any] = wait_until(
+        check, what="the pool quiet", timeout=timeout, interval=1.0, ignore=TRANSIENT_ERRORS
+    )
     return pool
 
 
@@ -142,7 +146,7 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
 ) -> None:
     (operator,) = stack.get_json("pods", "-n", stack.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
     assert operator["spec"]["serviceAccountName"] == "rolloutpool-operator"
-    assert pod_ready(operator)
+    assert is_ready(operator)
     home = stack.directory / "cluster" / "kubelet" / "pods"
     (directory,) = home.glob(f"{stack.namespace}_{operator['metadata']['name']}_*")
     log = (directory / "logs" / "operator.log").read_text()
@@ -165,7 +169,7 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
     assert len(routers) == 1
     for pod in [*pods.values(), *routers]:
         assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
-        assert pod_ready(pod), pod["metadata"]["name"]
+        assert is_ready(pod), pod["metadata"]["name"]
         assert pod_pids(stack, pod), f"no process runs {pod['metadata']['name']}"
     pool = stack.pool(POOL)
     assert condition(pool, "Ready")["reason"] == "Ready"
@@ -193,17 +197,20 @@ def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
         load = LoadRun(url, in_flight=IN_FLIGHT, seconds=240, time_scale=TIME_SCALE, prefix="pressure")
         try:
             started = time.monotonic()
-            at_quarantine: dict[str, Any] = wait_until("ReplicasQuarantined=True", held_now, timeout=200, interval=1.0)
+            at_quarantine: dict[str, Any] = wait_until(
+                held_now, what="ReplicasQuarantined=True", timeout=200, interval=1.0, ignore=TRANSIENT_ERRORS
+            )
             print(f"load started -> ReplicasQuarantined=True: {time.monotonic() - started:.1f}s")
             describe_quarantined = _kubectl(stack, "describe", "rp", POOL)
             # keep the load a little longer: the law may lift the quarantine under load (only its cutting
             # step quarantines) or hold it until the pressure is gone; the routers' fast loops come and go
             with contextlib.suppress(TimeoutError):
                 wait_until(
-                    "the quarantine lifted under load",
                     lambda: condition(seen(stack.pool(POOL)), "ReplicasQuarantined").get("status") == "False",
+                    what="the quarantine lifted under load",
                     timeout=20,
                     interval=1.0,
+                    ignore=TRANSIENT_ERRORS,
                 )
                 print("the quarantine was lifted while the load still ran")
         finally:
@@ -263,9 +270,11 @@ def test_prometheus_down_gives_floor_caps_and_metrics_come_back(stack: LocalStac
     prometheus = stack.prometheus
     assert prometheus is not None
     wait_until(
-        "MetricsAvailable=True",
         lambda: condition(stack.pool(POOL), "MetricsAvailable").get("status") == "True",
+        what="MetricsAvailable=True",
         timeout=60,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
     )
     caps_before = [r["cap"] for r in stack.pool(POOL)["status"]["replicaStatus"]]
     prometheus.stop(keep_data=True)
@@ -278,28 +287,33 @@ def test_prometheus_down_gives_floor_caps_and_metrics_come_back(stack: LocalStac
             caps = {r["cap"] for r in pool["status"]["replicaStatus"]}
             return pool if metrics.get("reason") == "PrometheusUnreachable" and caps == {floor} else None
 
-        pool = wait_until("PrometheusUnreachable and floor caps", blind, timeout=90)
+        pool = wait_until(
+            blind, what="PrometheusUnreachable and floor caps", timeout=90, interval=0.5, ignore=TRANSIENT_ERRORS
+        )
         print(f"Prometheus stopped -> floor caps {floor} (were {caps_before}): {time.monotonic() - stopped:.1f}s")
         assert condition(pool, "MetricsAvailable")["status"] == "False"
         assert condition(pool, "Ready")["status"] == "True"  # the pool keeps serving, conservatively
         assert not any(r["quarantined"] for r in pool["status"]["replicaStatus"])
         url = _router(stack)
         wait_until(
-            "the router applies the floor caps",
             lambda: (
                 {v for (n, _), v in router_metrics(url).items() if n == "rolloutpool_router_session_cap"} == {floor}
             ),
+            what="the router applies the floor caps",
             timeout=30,
+            interval=0.5,
+            ignore=TRANSIENT_ERRORS,
         )
     finally:
         if not prometheus.running:
             prometheus.start()
     restarted = time.monotonic()
     wait_until(
-        "MetricsAvailable=True again",
         lambda: condition(stack.pool(POOL), "MetricsAvailable").get("status") == "True",
+        what="MetricsAvailable=True again",
         timeout=120,
         interval=1.0,
+        ignore=TRANSIENT_ERRORS,
     )
     print(f"Prometheus started -> MetricsAvailable=True: {time.monotonic() - restarted:.1f}s")
 
@@ -318,7 +332,7 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
             samples = router_metrics(url)
             return finished_sessions(samples) >= ended + 10 and live_by_replica(samples).get(victim, 0) > 0
 
-        wait_until("rollouts under way on the victim", mid_run, timeout=90)
+        wait_until(mid_run, what="rollouts under way on the victim", timeout=90, interval=0.5, ignore=TRANSIENT_ERRORS)
         on_victim = [i for i in range(200) if replica_of(url, f"crash-{i}") == victim]
         before = engine_pods(stack, POOL)[victim]
         restarted = restarts(before)
@@ -330,13 +344,19 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
             ready = replica_metric(samples, "rolloutpool_router_replica_ready", victim)
             return ready == 0 and replica_metric(samples, "rolloutpool_router_live_sessions", victim) == 0
 
-        wait_until("the router takes the dead replica out", out_of_service, timeout=30, interval=0.3)
+        wait_until(
+            out_of_service,
+            what="the router takes the dead replica out",
+            timeout=30,
+            interval=0.3,
+            ignore=TRANSIENT_ERRORS,
+        )
         print(f"engine killed -> router stopped placing there: {time.monotonic() - killed_at:.1f}s")
         placed = replica_metric(router_metrics(url), "rolloutpool_router_placements_total", victim)
 
         def back() -> dict[str, Any] | None:
             pod = engine_pods(stack, POOL).get(victim)
-            if pod is None or not pod_ready(pod):
+            if pod is None or not is_ready(pod):
                 return None
             again = pod["metadata"]["uid"] != before["metadata"]["uid"]
             return pod if again or restarts(pod) > restarted else None
@@ -351,9 +371,11 @@ def test_a_killed_engine_restarts_and_its_sessions_move_without_anything_stuck(
         assert revived is not None
         assert set(pod_pids(stack, revived)).isdisjoint(killed)
         wait_until(
-            "the router places on the revived replica",
             lambda: replica_metric(router_metrics(url), "rolloutpool_router_placements_total", victim) > placed,
+            what="the router places on the revived replica",
             timeout=60,
+            interval=0.5,
+            ignore=TRANSIENT_ERRORS,
         )
         result = load.join(timeout=150)
     finally:
@@ -387,7 +409,7 @@ def _settle_on(stack: LocalStack, url: str, expected: dict[str, int], what: str)
         live = {k: v for k, v in live_by_replica(router_metrics(url)).items() if v}
         return live == expected and seen[-1] == total
 
-    wait_until(what, agreed, timeout=60, interval=0.5)
+    wait_until(agreed, what=what, timeout=60, interval=0.5, ignore=TRANSIENT_ERRORS)
     return seen
 
 
@@ -408,16 +430,14 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     assert not any(created for _, created in acquire(url, ids).values())
     sigkill_pod(stack, pod)
     restarted = wait_until(
-        "the router container restarted and ready",
         lambda: next(
-            (
-                p
-                for p in router_pod(stack, POOL)
-                if pod_ready(p) and p["status"]["containerStatuses"][0]["restartCount"]
-            ),
+            (p for p in router_pod(stack, POOL) if is_ready(p) and p["status"]["containerStatuses"][0]["restartCount"]),
             None,
         ),
+        what="the router container restarted and ready",
         timeout=90,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
     )
     assert restarted["metadata"]["uid"] == pod["metadata"]["uid"]
     url = _router(stack)
@@ -433,9 +453,9 @@ def test_router_restarts_never_double_count_live_sessions(stack: LocalStack, man
     def new_router() -> str | None:
         seen.append(_status_live(stack))
         fresh = [p for p in router_pod(stack, POOL) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
-        return stack.router_url(POOL) if fresh and all(pod_ready(p) for p in fresh) else None
+        return stack.router_url(POOL) if fresh and all(is_ready(p) for p in fresh) else None
 
-    url = wait_until("a new router pod", new_router, timeout=120)
+    url = wait_until(new_router, what="a new router pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS)
     again = acquire(url, ids)
     assert all(created for _, created in again.values())  # a fresh table: nothing left over to add to
     moved: dict[str, int] = {}
@@ -457,9 +477,11 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
     # hold the caps still: with autoscaling on, the law raises a cap while a session queues
     _autoscaling(stack, enabled=False)
     wait_until(
-        "the spec's caps in force",
         lambda: condition(stack.pool(POOL), "MetricsAvailable").get("reason") == "AutoscalingDisabled",
+        what="the spec's caps in force",
         timeout=60,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
     )
     status_caps = {r["name"]: r["cap"] for r in stack.pool(POOL)["status"]["replicaStatus"]}
 
@@ -467,7 +489,13 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
         metrics = router_metrics(url)
         return {dict(k)["replica"]: int(v) for (n, k), v in metrics.items() if n == f"{ROUTER}session_cap"}
 
-    caps = wait_until("the router applying them", lambda: (c := router_caps()) == status_caps and c, timeout=60)
+    caps = wait_until(
+        lambda: (c := router_caps()) == status_caps and c,
+        what="the router applying them",
+        timeout=60,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
+    )
     held = [f"full-{i}" for i in range(sum(caps.values()))]
     try:
         assert all(created for _, created in acquire(url, held).values())  # every slot taken
@@ -475,9 +503,11 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
         # the client is gone; the router should forget its place in the queue
         http_json("DELETE", f"{url}/v1/sessions/{held.pop()}")  # a slot frees
         gone = wait_until(
-            "the abandoned request out of the queue",
             lambda: router_metrics(url).get((f"{ROUTER}queue_depth", ())) == 0,
+            what="the abandoned request out of the queue",
             timeout=10,
+            interval=0.5,
+            ignore=TRANSIENT_ERRORS,
         )
         assert gone
         with pytest.raises(urllib.error.HTTPError) as missing:
@@ -527,19 +557,21 @@ def test_operator_restart_makes_no_duplicate_children(stack: LocalStack, manifes
 
     def new_operator() -> dict[str, Any] | None:
         pods = stack.get_json("pods", "-n", stack.namespace, "-l", selector)["items"]
-        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"] and pod_ready(p)]
+        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"] and is_ready(p)]
         return fresh[0] if len(pods) == 1 and fresh else None
 
-    new = wait_until("a new operator pod", new_operator, timeout=120)
+    new = wait_until(new_operator, what="a new operator pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS)
     home = stack.directory / "cluster" / "kubelet" / "pods"
     (directory,) = home.glob(f"{stack.namespace}_{new['metadata']['name']}_*")
     log = directory / "logs" / "operator.log"
     passes = wait_until(
-        "the new operator reconciles the pool",
         lambda: [
             line for line in log.read_text().splitlines() if f"Reconciled RolloutPool pool=default/{POOL}" in line
         ],
+        what="the new operator reconciles the pool",
         timeout=90,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
     )
     assert all(" created=0 deleted=0 " in line for line in passes), passes
     assert "Created" not in log.read_text(), log.read_text()[-3000:]
@@ -556,9 +588,11 @@ def test_uninstall_leaves_only_the_crd_and_deleting_it_removes_the_pools(
     assert json.loads(stack.helm("list", "--all-namespaces", "-o", "json").stdout) == []
     release = f"app.kubernetes.io/instance={stack.release}"
     wait_until(
-        "the operator pod and its process gone",
         lambda: not stack.get_json("pods", "-n", stack.namespace)["items"] and not pod_pids(stack, operator),
+        what="the operator pod and its process gone",
         timeout=90,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
     )
     namespaced = "deployments,replicasets,services,configmaps,roles,rolebindings"
     assert stack.get_json(namespaced, "-n", stack.namespace, "-l", release)["items"] == []
@@ -576,7 +610,13 @@ def test_uninstall_leaves_only_the_crd_and_deleting_it_removes_the_pools(
 
     # deleting a pool collects its children (owner references, the controller-manager's GC)
     stack.cluster.kubectl("delete", "rolloutpool", POOL, "--timeout=90s")
-    wait_until("the pool's children collected", lambda: not _children(stack), timeout=180, interval=1.0)
+    wait_until(
+        lambda: not _children(stack),
+        what="the pool's children collected",
+        timeout=180,
+        interval=1.0,
+        ignore=TRANSIENT_ERRORS,
+    )
     # deleting the CRD removes the pools left (no operator runs now, so this one has no children;
     # Kubernetes' GC cannot resolve owners of a kind that is gone, so delete pools before the CRD)
     leftover = {**manifest, "metadata": {"name": "leftover"}}
@@ -584,4 +624,10 @@ def test_uninstall_leaves_only_the_crd_and_deleting_it_removes_the_pools(
     stack.cluster.kubectl("delete", "crd", "rolloutpools.rolloutpool.io", "--timeout=90s")
     deleted = stack.cluster.kubectl("get", "rolloutpools", "-A", check=False)
     assert deleted.returncode != 0, deleted.stdout  # the resource itself is gone, with its objects
-    wait_until("their processes stopped", lambda: not any(pod_pids(stack, p) for p in pods), timeout=60)
+    wait_until(
+        lambda: not any(pod_pids(stack, p) for p in pods),
+        what="their processes stopped",
+        timeout=60,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
+    )

@@ -10,15 +10,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from rolloutpool.api.pods import has_ready_condition
 from rolloutpool.dev.kubelet.kubelet import ProcessKubelet, default_executables
 from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.processes import pid_alive, signal_group, start_group
+from rolloutpool.dev.wait import wait_until
 
 IMAGE = "ghcr.io/rolloutpool/rolloutpool:0.1.0"
 _ENGINE_ARGS = ["engine-sim", "--host=$(POD_IP)", "--port=8000", "--kv-capacity-tokens=4096", "--max-model-len=1024"]
@@ -81,29 +84,6 @@ def _get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> dict[st
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _ready(pod: dict[str, Any] | None) -> bool:
-    conditions = {c["type"]: c["status"] for c in ((pod or {}).get("status") or {}).get("conditions") or []}
-    return conditions.get("Ready") == "True"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_node_registered_with_gpus(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
     node = _get(cluster, "node", kubelet.node_name, "default")
     assert node is not None
@@ -119,7 +99,15 @@ def test_engine_pods_run_ready_on_their_own_addresses(cluster: LocalCluster, kub
     ns = _namespace(cluster, "kl-engines")
     started = time.monotonic()
     _apply(cluster, _pod("a", ns), _pod("b", ns))
-    pods = [_wait(f"{n} Ready", lambda n=n: (p := _get(cluster, "pod", n, ns)) and _ready(p) and p) for n in "ab"]
+    pods = [
+        wait_until(
+            lambda n=n: (p := _get(cluster, "pod", n, ns)) and has_ready_condition(p) and p,
+            what=f"{n} Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
+        for n in "ab"
+    ]
     elapsed = time.monotonic() - started
     ips = [p["status"]["podIP"] for p in pods]
     assert len(set(ips)) == 2
@@ -151,7 +139,7 @@ def test_crashing_container_is_restarted(cluster: LocalCluster, kubelet: Process
         statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
         return statuses[0] if statuses and statuses[0]["restartCount"] >= 2 else None
 
-    status = _wait("two restarts", restarted)
+    status = wait_until(restarted, what="two restarts", timeout=90.0, interval=0.2)
     assert status["lastState"]["terminated"]["exitCode"] == 2  # click's usage error
     assert set(status["state"]) <= {"running", "waiting"}
     pod = _get(cluster, "pod", "crash", ns)
@@ -165,14 +153,16 @@ def test_crashing_container_is_restarted(cluster: LocalCluster, kubelet: Process
 def test_deletion_terminates_the_process_gracefully(cluster: LocalCluster, kubelet: ProcessKubelet) -> None:
     ns = _namespace(cluster, "kl-delete")
     _apply(cluster, _pod("gone", ns, terminationGracePeriodSeconds=30))
-    _wait("Ready", lambda: _ready(_get(cluster, "pod", "gone", ns)))
+    wait_until(
+        lambda: has_ready_condition(_get(cluster, "pod", "gone", ns) or {}), what="Ready", timeout=90.0, interval=0.2
+    )
     (pid,) = kubelet.processes()[f"{ns}/gone"].values()
     log = kubelet.log_path(ns, "gone", "engine")
     assert log is not None
     started = time.monotonic()
     cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=true", "--timeout=60s")
     assert time.monotonic() - started < 25  # SIGTERM honoured: no wait for the 30 s SIGKILL
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     assert f"{ns}/gone" not in kubelet.processes()
     assert _get(cluster, "pod", "gone", ns) is None
 
@@ -189,7 +179,12 @@ def test_foreign_image_fails_with_a_clear_reason(cluster: LocalCluster, kubelet:
             "spec": {"containers": [nginx]},
         },
     )
-    pod = _wait("Failed", lambda: (p := _get(cluster, "pod", "web", ns)) and p["status"].get("phase") == "Failed" and p)
+    pod = wait_until(
+        lambda: (p := _get(cluster, "pod", "web", ns)) and p["status"].get("phase") == "Failed" and p,
+        what="Failed",
+        timeout=90.0,
+        interval=0.2,
+    )
     assert pod["status"]["reason"] == "UnsupportedImage"
     assert "nginx:1.27" in pod["status"]["message"]
     assert "ghcr" in pod["status"]["message"]
@@ -205,7 +200,7 @@ def test_unschedulable_pod_stays_pending(cluster: LocalCluster, kubelet: Process
         found = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
         return found.get("PodScheduled")
 
-    scheduled = _wait("PodScheduled=False", condition)
+    scheduled = wait_until(condition, what="PodScheduled=False", timeout=90.0, interval=0.2)
     assert scheduled["status"] == "False"
     assert scheduled["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in scheduled["message"]
@@ -251,8 +246,11 @@ def test_service_account_kubeconfig_enforces_rbac(cluster: LocalCluster, kubelet
         container={"env": env, "readinessProbe": None},
     )  # fmt: skip
     _apply(cluster, account, role, binding, probe)
-    _wait(
-        "Succeeded", lambda: ((_get(cluster, "pod", "probe", ns) or {}).get("status") or {}).get("phase") == "Succeeded"
+    wait_until(
+        lambda: ((_get(cluster, "pod", "probe", ns) or {}).get("status") or {}).get("phase") == "Succeeded",
+        what="Succeeded",
+        timeout=90.0,
+        interval=0.2,
     )
     log = kubelet.log_path(ns, "probe", "engine")
     assert log is not None
@@ -287,9 +285,14 @@ def test_deployment_pods_run(cluster: LocalCluster, kubelet: ProcessKubelet) -> 
     assert result.returncode == 0, result.stderr
     pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
     assert len(pods) == 2
-    assert all(_ready(p) for p in pods)
+    assert all(has_ready_condition(p) for p in pods)
     cluster.kubectl("delete", "deployment", "engine", "-n", ns, "--wait=true")
-    _wait("pods gone", lambda: not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"])
+    wait_until(
+        lambda: not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"],
+        what="pods gone",
+        timeout=90.0,
+        interval=0.2,
+    )
     assert not any(k.startswith(f"{ns}/") for k in kubelet.processes())
 
 
@@ -305,13 +308,18 @@ def test_stopping_the_kubelet_stops_every_process(cluster: LocalCluster, tmp_pat
     )
     with other:
         _apply(cluster, *(_pod(n, ns, schedulerName="kl-stop") for n in ("stop-a", "stop-b")))
-        _wait("Ready", lambda: all(_ready(_get(cluster, "pod", n, ns)) for n in ("stop-a", "stop-b")))
+        wait_until(
+            lambda: all(has_ready_condition(_get(cluster, "pod", n, ns) or {}) for n in ("stop-a", "stop-b")),
+            what="Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
         ips = [(_get(cluster, "pod", n, ns) or {})["status"]["podIP"] for n in ("stop-a", "stop-b")]
         assert sorted(ips) == ["127.0.1.2", "127.0.1.3"]  # the second node's own pod subnet
         pids = [pid for containers in other.processes().values() for pid in containers.values()]
         assert len(pids) == 2
-        assert all(_alive(p) for p in pids)
-    assert not any(_alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert other.processes() == {}
     node = _get(cluster, "node", "kl-stop-node", "default")
     assert node is not None
@@ -324,8 +332,7 @@ def _kubelet_process(cluster: LocalCluster, directory: Path, name: str) -> subpr
     command = default_executables()["rolloutpool"]
     argv = [command, "localcluster", "kubelet", f"--dir={directory}", f"--kubeconfig={cluster.kubeconfig}"]
     argv += [f"--node-name={name}-node", f"--scheduler-name={name}", "--pod-subnet=127.0.2.0/24"]
-    with open(directory / "kubelet.log", "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return start_group(argv, log=directory / "kubelet.log", append=True)
 
 
 def _answers(url: str) -> bool:
@@ -342,28 +349,34 @@ def test_killed_kubelet_takes_its_pods_along_and_a_new_one_restarts_them(cluster
     second: subprocess.Popen[bytes] | None = None
     try:
         _apply(cluster, _pod("victim", ns, schedulerName="kl-sigkill"))
-        _wait("Ready", lambda: _ready(_get(cluster, "pod", "victim", ns)))
+        wait_until(
+            lambda: has_ready_condition(_get(cluster, "pod", "victim", ns) or {}),
+            what="Ready",
+            timeout=90.0,
+            interval=0.2,
+        )
         ip = (_get(cluster, "pod", "victim", ns) or {})["status"]["podIP"]
         pids = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(pids) == 1
         assert ip.startswith("127.0.2.")
         os.kill(first.pid, signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
         first.wait(timeout=10)
-        _wait("pod process gone", lambda: not any(_alive(p) for p in pids), timeout=10)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), what="pod process gone", timeout=10, interval=0.2)
         assert not _answers(f"http://{ip}:8000/health")
         # a kubelet started again on the same node runs the pod again, on the address it had
         second = _kubelet_process(cluster, tmp_path, "kl-sigkill")
-        _wait("the pod served again", lambda: _answers(f"http://{ip}:8000/health"))
+        wait_until(
+            lambda: _answers(f"http://{ip}:8000/health"), what="the pod served again", timeout=90.0, interval=0.2
+        )
         again = _pids_with_cwd(tmp_path / "kubelet" / "pods")
         assert len(again) == 1
         second.terminate()  # SIGTERM: the kubelet stops its pods on the way out
         assert second.wait(timeout=30) == 0
-        assert not any(_alive(p) for p in again)
+        assert not any(pid_alive(p) for p in again)
     finally:
         for proc in (first, second):
             if proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
 
@@ -432,8 +445,11 @@ def test_volumes_config_maps_and_secrets(cluster: LocalCluster, kubelet: Process
         volumes=volumes,
     )
     _apply(cluster, config_map, secret, pod)
-    _wait(
-        "Succeeded", lambda: ((_get(cluster, "pod", "vols", ns) or {}).get("status") or {}).get("phase") == "Succeeded"
+    wait_until(
+        lambda: ((_get(cluster, "pod", "vols", ns) or {}).get("status") or {}).get("phase") == "Succeeded",
+        what="Succeeded",
+        timeout=90.0,
+        interval=0.2,
     )
     directory = kubelet.pod_directory(ns, "vols")
     assert directory is not None
@@ -454,7 +470,7 @@ def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessK
         statuses = ((_get(cluster, "pod", "patient", ns) or {}).get("status") or {}).get("containerStatuses") or []
         return (statuses[0]["state"].get("waiting") or None) if statuses else None
 
-    state = _wait("CreateContainerConfigError", waiting)
+    state = wait_until(waiting, what="CreateContainerConfigError", timeout=90.0, interval=0.2)
     assert state["reason"] == "CreateContainerConfigError"
     assert "Secret 'later' not found" in state["message"]
     secret = {
@@ -464,4 +480,9 @@ def test_missing_secret_waits_then_runs(cluster: LocalCluster, kubelet: ProcessK
         "stringData": {"token": "t"},
     }
     _apply(cluster, secret)
-    _wait("Ready once the Secret exists", lambda: _ready(_get(cluster, "pod", "patient", ns)))
+    wait_until(
+        lambda: has_ready_condition(_get(cluster, "pod", "patient", ns) or {}),
+        what="Ready once the Secret exists",
+        timeout=90.0,
+        interval=0.2,
+    )

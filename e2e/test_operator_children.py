@@ -19,7 +19,9 @@ import yaml
 from kubernetes import client
 
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.dev.localcluster.cluster import LocalCluster, free_port
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.caps import replica_caps
 from test_operator_kit import (
     EXAMPLES,
@@ -29,7 +31,6 @@ from test_operator_kit import (
     child_pods,
     condition,
     dumps,
-    eventually,
     namespace,
     play_kubelet,
     pool_status,
@@ -77,10 +78,25 @@ def test_example_pools_get_children_status_and_survive_restart(
         started = time.monotonic()
         sim = apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
         vllm = apply_pool(cluster, ns, EXAMPLES / "vllm-pool.yaml")
-        eventually(lambda: len(child_pods(core, ns, "sim-grpo")) == 4, what="4 simulated engine pods")
-        eventually(lambda: len(_router_objects(cluster, ns, "sim-grpo")) == 5, what="5 router objects")
+        wait_until(
+            lambda: len(child_pods(core, ns, "sim-grpo")) == 4,
+            what="4 simulated engine pods",
+            timeout=30.0,
+            interval=0.1,
+        )
+        wait_until(
+            lambda: len(_router_objects(cluster, ns, "sim-grpo")) == 5,
+            what="5 router objects",
+            timeout=30.0,
+            interval=0.1,
+        )
         print(f"apply -> simulated pool's children created: {time.monotonic() - started:.2f}s")
-        eventually(lambda: len(child_pods(core, ns, "qwen3-8b-grpo")) == 8, what="8 vLLM engine pods")
+        wait_until(
+            lambda: len(child_pods(core, ns, "qwen3-8b-grpo")) == 8,
+            what="8 vLLM engine pods",
+            timeout=30.0,
+            interval=0.1,
+        )
 
         pools: dict[str, Any] = {
             name: custom.get_namespaced_custom_object("rolloutpool.io", "v1alpha1", ns, "rolloutpools", name)
@@ -123,9 +139,11 @@ def test_example_pools_get_children_status_and_survive_restart(
         # the kubelet's part, faked: every simulated engine pod runs and is ready
         for index, name in enumerate(sorted(child_pods(core, ns, "sim-grpo"))):
             play_kubelet(core, ns, name, ip=f"127.0.9.{index + 1}")
-        status = eventually(
+        status = wait_until(
             lambda: (s := pool_status(custom, ns, "sim-grpo")).get("readyReplicas") == 4 and s,
             what="readyReplicas 4",
+            timeout=30.0,
+            interval=0.1,
         )
         assert status["replicas"] == 4
         assert status["observedGeneration"] == 1
@@ -141,8 +159,11 @@ def test_example_pools_get_children_status_and_survive_restart(
         assert row[1:5] == ["4", "4", "0", "0"], table
 
         # vLLM example: Prometheus at an unresolvable address -> unreachable, caps at the floor
-        vllm_status = eventually(
-            lambda: (s := pool_status(custom, ns, "qwen3-8b-grpo")).get("replicas") == 8 and s, what="vLLM status"
+        vllm_status = wait_until(
+            lambda: (s := pool_status(custom, ns, "qwen3-8b-grpo")).get("replicas") == 8 and s,
+            what="vLLM status",
+            timeout=30.0,
+            interval=0.1,
         )
         vllm_floor = replica_caps(spec=RolloutPoolSpec.model_validate(vllm["spec"]))
         assert vllm_floor is not None
@@ -153,18 +174,22 @@ def test_example_pools_get_children_status_and_survive_restart(
         operator.stop()
         marker = len(operator.logs())
         operator.start()
-        eventually(
+        wait_until(
             lambda: (
                 "Reconciled RolloutPool pool=op-children/sim-grpo" in operator.logs()[marker:]
                 and "Reconciled RolloutPool pool=op-children/qwen3-8b-grpo" in operator.logs()[marker:]
             ),
             what="a pass of both pools after the restart",
+            timeout=30.0,
+            interval=0.1,
         )
         assert _uids(cluster, ns) == before, "the restarted operator created or replaced children"
 
         cluster.kubectl("delete", "rp", "sim-grpo", "-n", ns, "--wait=false")
-        eventually(lambda: not child_pods(core, ns, "sim-grpo"), timeout=60, what="GC of the engine pods")
-        eventually(lambda: not _router_objects(cluster, ns, "sim-grpo"), timeout=60, what="GC of the router")
+        wait_until(lambda: not child_pods(core, ns, "sim-grpo"), what="GC of the engine pods", timeout=60, interval=0.1)
+        wait_until(
+            lambda: not _router_objects(cluster, ns, "sim-grpo"), what="GC of the router", timeout=60, interval=0.1
+        )
         assert len(child_pods(core, ns, "qwen3-8b-grpo")) == 8
 
 
@@ -184,12 +209,20 @@ def test_invalid_spec_and_unreachable_prometheus(
     with namespace(cluster, "op-invalid") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
         apply_pool(cluster, ns, invalid)
         apply_pool(cluster, ns, blind)
-        status = eventually(lambda: condition(pool_status(custom, ns, "too-tight"), "Ready"), what="Ready condition")
+        status = wait_until(
+            lambda: condition(pool_status(custom, ns, "too-tight"), "Ready"),
+            what="Ready condition",
+            timeout=30.0,
+            interval=0.1,
+        )
         assert status["status"] == "False"
         assert status["reason"] == "InvalidMaxSessionsPerReplica"
         assert "spec.concurrency.maxSessionsPerReplica" in status["message"]
-        blind_status = eventually(
-            lambda: (s := pool_status(custom, ns, "blind")).get("replicas") == 2 and s, what="blind pool status"
+        blind_status = wait_until(
+            lambda: (s := pool_status(custom, ns, "blind")).get("replicas") == 2 and s,
+            what="blind pool status",
+            timeout=30.0,
+            interval=0.1,
         )
         metrics = condition(blind_status, "MetricsAvailable")
         assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnreachable"), dumps(metrics)

@@ -16,8 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +25,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from rolloutpool.dev.localcluster.cluster import LocalCluster, free_port
+from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.kube.pods import api_client
 
 __all__ = [
@@ -38,25 +39,12 @@ __all__ = [
     "child_pods",
     "condition",
     "dumps",
-    "eventually",
     "namespace",
     "play_kubelet",
     "pool_status",
 ]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def eventually(check: Callable[[], Any], *, timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy, and return that; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout:g}s")
-        time.sleep(0.1)
 
 
 @contextmanager
@@ -87,7 +75,7 @@ class OperatorProcess:
         argv += ["--liveness-host", "127.0.0.1", "--liveness-port", str(self.port), "--status-interval", "1"]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        eventually(self._live, timeout=60, what="operator liveness")
+        wait_until(self._live, what="operator liveness", timeout=60, interval=0.1)
         return self
 
     def _live(self) -> bool:

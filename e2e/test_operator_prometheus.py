@@ -24,6 +24,7 @@ from kubernetes import client
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.localcluster.prometheus import local_cluster_prometheus
+from rolloutpool.dev.wait import wait_until
 from test_operator_kit import (
     EXAMPLES,
     OperatorProcess,
@@ -32,7 +33,6 @@ from test_operator_kit import (
     child_pods,
     condition,
     dumps,
-    eventually,
     namespace,
     play_kubelet,
     pool_status,
@@ -74,7 +74,9 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
         pool["spec"]["autoscaling"] = {"enabled": True, "prometheusUrl": prometheus.url, "intervalSeconds": 5}
         with OperatorProcess(cluster, ns, tmp_path / "operator.log"):
             apply_pool(cluster, ns, pool)
-            eventually(lambda: len(child_pods(core, ns, "watched")) == 2, what="2 engine pods")
+            wait_until(
+                lambda: len(child_pods(core, ns, "watched")) == 2, what="2 engine pods", timeout=30.0, interval=0.1
+            )
             for name, ip in ips.items():
                 play_kubelet(core, ns, name, ip=ip)
             started = time.monotonic()
@@ -83,7 +85,9 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
                 status = pool_status(custom, ns, "watched")
                 return status if condition(status, "MetricsAvailable").get("status") == "True" else None
 
-            status = eventually(available, timeout=90, what="MetricsAvailable=True from the real Prometheus")
+            status = wait_until(
+                available, what="MetricsAvailable=True from the real Prometheus", timeout=90, interval=0.1
+            )
             print(f"pods ready -> MetricsAvailable=True: {time.monotonic() - started:.1f}s")
             assert condition(status, "MetricsAvailable")["reason"] == "MetricsAvailable"
             entries = status["replicaStatus"]
@@ -99,7 +103,7 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
                 metrics = condition(status, "MetricsAvailable")
                 return status if metrics.get("reason") == "PrometheusUnreachable" else None
 
-            status = eventually(blind, timeout=60, what="MetricsAvailable=False PrometheusUnreachable")
+            status = wait_until(blind, what="MetricsAvailable=False PrometheusUnreachable", timeout=60, interval=0.1)
             print(f"Prometheus stopped -> PrometheusUnreachable and floor caps: {time.monotonic() - stopped:.1f}s")
             print(f"caps while metrics were available: {[e['cap'] for e in entries]}")
             assert condition(status, "MetricsAvailable")["status"] == "False"

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from rolloutpool.dev.localcluster.cluster import LocalCluster
-from test_operator_kit import EXAMPLES, OperatorProcess, apply_pool, eventually, namespace
+from rolloutpool.dev.wait import wait_until
+from test_operator_kit import EXAMPLES, OperatorProcess, apply_pool, namespace
 
 NS = "op-rbac"
 RULES: list[dict[str, Any]] = [
@@ -88,7 +89,7 @@ def test_the_agreed_namespaced_rbac_is_enough(cluster: LocalCluster, tmp_path: P
                 children = cluster.kubectl("get", kinds, "-n", ns, "-l", "rolloutpool.io/pool=sim-grpo", "-o", "name")
                 return out == "2" and len(children.stdout.split()) >= 7  # 2 engines, a router pod, 5 router objects
 
-            eventually(settled, timeout=60, what="children and status written by the restricted operator")
+            wait_until(settled, what="children and status written by the restricted operator", timeout=60, interval=0.1)
             # an unservable spec makes the operator post a Warning Event on the pool
             patch = '{"spec": {"concurrency": {"maxSessionsPerReplica": 5}}}'
             cluster.kubectl("patch", "rp", "sim-grpo", "-n", ns, "--type=merge", "-p", patch)
@@ -97,7 +98,7 @@ def test_the_agreed_namespaced_rbac_is_enough(cluster: LocalCluster, tmp_path: P
                 selector = "involvedObject.kind=RolloutPool,reason=InvalidMaxSessionsPerReplica"
                 return "sim-grpo" in cluster.kubectl("get", "events", "-n", ns, "--field-selector", selector).stdout
 
-            eventually(warned, what="the Warning Event posted by the restricted operator")
+            wait_until(warned, what="the Warning Event posted by the restricted operator", timeout=30.0, interval=0.1)
             logs = operator.logs()
         for denied in ("Forbidden", "status=403", "'code': 403", "Not enough permissions", "Traceback"):
             assert denied not in logs, logs

@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.wait import wait_until
 from test_operator_kit import (
     EXAMPLES,
     FakeRouter,
@@ -30,7 +31,6 @@ from test_operator_kit import (
     child_pods,
     condition,
     dumps,
-    eventually,
     namespace,
     play_kubelet,
     pool_status,
@@ -92,27 +92,56 @@ def test_scale_down_drains_live_sessions_then_times_out(
         OperatorProcess(cluster, ns, tmp_path / "operator.log"),
     ):
         apply_pool(cluster, ns, _pool("drainy", 3))
-        pods = eventually(lambda: len(p := child_pods(core, ns, "drainy")) == 3 and p, what="3 engine pods")
+        pods = wait_until(
+            lambda: len(p := child_pods(core, ns, "drainy")) == 3 and p,
+            what="3 engine pods",
+            timeout=30.0,
+            interval=0.1,
+        )
         for index, name in enumerate(sorted(pods)):
             play_kubelet(core, ns, name, ip=f"127.0.8.{index + 1}")
-        routers = eventually(lambda: child_pods(core, ns, "drainy", "router"), what="a router pod")
+        routers = wait_until(
+            lambda: child_pods(core, ns, "drainy", "router"), what="a router pod", timeout=30.0, interval=0.1
+        )
         router.live = {"drainy-engine-1": 1, "drainy-engine-2": 2}
         play_kubelet(core, ns, next(iter(routers)), ip=router_ip)
-        eventually(lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 3, what="live sessions 3")
+        wait_until(
+            lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 3,
+            what="live sessions 3",
+            timeout=30.0,
+            interval=0.1,
+        )
 
         _patch_spec(custom, ns, "drainy", {"replicas": 2})
-        status = eventually(
+        status = wait_until(
             lambda: _entry(s := pool_status(custom, ns, "drainy"), "drainy-engine-2").get("reason") == "Draining" and s,
             what="engine 2 draining",
+            timeout=30.0,
+            interval=0.1,
         )
         assert _entry(status, "drainy-engine-2")["quarantined"] is True
         assert condition(status, "ReplicasQuarantined")["reason"] == "Draining"
         router.live = {"drainy-engine-1": 1, "drainy-engine-2": 1}  # one session ends; the drain goes on
-        eventually(lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 2, what="a pass seeing 2 sessions")
+        wait_until(
+            lambda: pool_status(custom, ns, "drainy").get("liveSessions") == 2,
+            what="a pass seeing 2 sessions",
+            timeout=30.0,
+            interval=0.1,
+        )
         assert "drainy-engine-2" in child_pods(core, ns, "drainy"), "deleted with a live session left"
         router.live = {"drainy-engine-1": 1}
-        eventually(lambda: "drainy-engine-2" not in child_pods(core, ns, "drainy"), what="drained replica deleted")
-        status = eventually(lambda: (s := pool_status(custom, ns, "drainy")).get("replicas") == 2 and s, what="2")
+        wait_until(
+            lambda: "drainy-engine-2" not in child_pods(core, ns, "drainy"),
+            what="drained replica deleted",
+            timeout=30.0,
+            interval=0.1,
+        )
+        status = wait_until(
+            lambda: (s := pool_status(custom, ns, "drainy")).get("replicas") == 2 and s,
+            what="2",
+            timeout=30.0,
+            interval=0.1,
+        )
         assert condition(status, "ReplicasQuarantined")["status"] == "False", dumps(status)
         events = _events(cluster, ns, "drainy")
         assert "DrainStarted" in events, events
@@ -120,14 +149,21 @@ def test_scale_down_drains_live_sessions_then_times_out(
 
         # the drain timeout: engine 1 keeps a session, and goes after 2 s anyway
         _patch_spec(custom, ns, "drainy", {"replicas": 1, "updateStrategy": {"drainTimeoutSeconds": 2}})
-        draining = eventually(
+        draining = wait_until(
             lambda: (
                 (p := child_pods(core, ns, "drainy").get("drainy-engine-1"))
                 and p["metadata"]["annotations"].get("rolloutpool.io/drain-started")
             ),
             what="drain of engine 1 recorded on the pod",
+            timeout=30.0,
+            interval=0.1,
         )
-        eventually(lambda: "drainy-engine-1" not in child_pods(core, ns, "drainy"), what="timed-out replica deleted")
+        wait_until(
+            lambda: "drainy-engine-1" not in child_pods(core, ns, "drainy"),
+            what="timed-out replica deleted",
+            timeout=30.0,
+            interval=0.1,
+        )
         waited = time.time() - float(draining)
         print(f"drain timeout 2 s: replica deleted {waited:.2f}s after its drain started")
         assert waited >= 2.0
@@ -141,29 +177,45 @@ def test_spec_change_replaces_one_at_a_time_and_lost_or_failed_pods_return(
     core, custom = kube
     with namespace(cluster, "op-rolling") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
         apply_pool(cluster, ns, _pool("rolly", 3))
-        pods = eventually(lambda: len(p := child_pods(core, ns, "rolly")) == 3 and p, what="3 engine pods")
+        pods = wait_until(
+            lambda: len(p := child_pods(core, ns, "rolly")) == 3 and p, what="3 engine pods", timeout=30.0, interval=0.1
+        )
         ips = {name: f"127.0.7.{i + 1}" for i, name in enumerate(sorted(pods))}
         for name, ip in ips.items():
             play_kubelet(core, ns, name, ip=ip)
-        eventually(lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3, what="3 ready")
+        wait_until(
+            lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3,
+            what="3 ready",
+            timeout=30.0,
+            interval=0.1,
+        )
 
         lost = pods["rolly-engine-1"]["metadata"]["uid"]
         cluster.kubectl("delete", "pod", "rolly-engine-1", "-n", ns, "--wait=false")
-        back = eventually(
+        back = wait_until(
             lambda: (p := child_pods(core, ns, "rolly").get("rolly-engine-1")) and p["metadata"]["uid"] != lost and p,
             what="engine 1 recreated",
+            timeout=30.0,
+            interval=0.1,
         )
         play_kubelet(core, ns, "rolly-engine-1", ip=ips["rolly-engine-1"])
         failed = pods["rolly-engine-2"]["metadata"]["uid"]
         core.patch_namespaced_pod_status(  # the faked kubelet reports the engine process dead for good
             "rolly-engine-2", ns, {"status": {"phase": "Failed"}}, _content_type="application/merge-patch+json"
         )
-        eventually(
+        wait_until(
             lambda: (p := child_pods(core, ns, "rolly").get("rolly-engine-2")) and p["metadata"]["uid"] != failed,
             what="failed engine 2 replaced",
+            timeout=30.0,
+            interval=0.1,
         )
         play_kubelet(core, ns, "rolly-engine-2", ip=ips["rolly-engine-2"])
-        eventually(lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3, what="3 ready again")
+        wait_until(
+            lambda: pool_status(custom, ns, "rolly").get("readyReplicas") == 3,
+            what="3 ready again",
+            timeout=30.0,
+            interval=0.1,
+        )
 
         old = {name: pod["metadata"]["uid"] for name, pod in child_pods(core, ns, "rolly").items()}
         assert old["rolly-engine-1"] == back["metadata"]["uid"]
@@ -185,9 +237,11 @@ def test_spec_change_replaces_one_at_a_time_and_lost_or_failed_pods_return(
         print(f"rolling update order: {order}; most replicas missing at once: {worst}")
         assert sorted(order) == sorted(old)
         assert worst <= 1
-        status = eventually(
+        status = wait_until(
             lambda: condition(s := pool_status(custom, ns, "rolly"), "Progressing").get("reason") == "Reconciled" and s,
             what="Progressing=False Reconciled",
+            timeout=30.0,
+            interval=0.1,
         )
         assert status["readyReplicas"] == 3
         args = child_pods(core, ns, "rolly")["rolly-engine-0"]["spec"]["containers"][0]["args"]
@@ -208,15 +262,19 @@ def test_router_objects_come_back_and_follow_the_spec(
     with namespace(cluster, "op-router") as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log"):
         apply_pool(cluster, ns, _pool("routy", 1))
         kinds = ("service", "role", "rolebinding", "serviceaccount", "deployment")
-        uids = eventually(
+        uids = wait_until(
             lambda: all((u := {k: _uid(cluster, ns, k, "routy-router") for k in kinds}).values()) and u,
             what="router objects",
+            timeout=30.0,
+            interval=0.1,
         )
         started = time.monotonic()
         cluster.kubectl("delete", "service,role", "routy-router", "-n", ns)
-        eventually(
+        wait_until(
             lambda: None not in {_uid(cluster, ns, k, "routy-router") for k in ("service", "role")},
             what="router Service and Role recreated",
+            timeout=30.0,
+            interval=0.1,
         )
         print(f"router Service and Role recreated {time.monotonic() - started:.2f}s after deletion")
         assert _uid(cluster, ns, "service", "routy-router") != uids["service"]
@@ -229,7 +287,12 @@ def test_router_objects_come_back_and_follow_the_spec(
             found: dict[str, Any] = yaml.safe_load(out)
             return found
 
-        eventually(lambda: deployment()["spec"]["replicas"] == 2, what="router Deployment scaled to 2")
+        wait_until(
+            lambda: deployment()["spec"]["replicas"] == 2,
+            what="router Deployment scaled to 2",
+            timeout=30.0,
+            interval=0.1,
+        )
         args = deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--idle-timeout=60" in args
         assert _uid(cluster, ns, "deployment", "routy-router") == uids["deployment"], "patched, not replaced"

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.dev.bench.processes import ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.localcluster.prometheus import local_cluster_prometheus
+from rolloutpool.dev.net import free_port
 from rolloutpool.metrics.prom import PrometheusSignals
 
 NAMESPACE = "prom-sd"

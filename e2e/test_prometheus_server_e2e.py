@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rolloutpool.dev.bench.processes import pid_alive
 from rolloutpool.dev.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
+from rolloutpool.dev.processes import pid_alive
 
 
 def port_free(port: int) -> bool:

@@ -25,8 +25,9 @@ import aiohttp
 import pytest
 
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, classify_health, decide_replica
-from rolloutpool.dev.bench.processes import ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
+from rolloutpool.dev.net import free_port
 from rolloutpool.metrics.prom import PrometheusSignals, PrometheusUnreachable
 
 NAMESPACE = "rl"

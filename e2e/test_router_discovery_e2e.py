@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.kube.pods import PodWatch, api_client
 from rolloutpool.router import RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER
-from routerkit import ROUTER_DEFAULTS, engines, eventually, serve
+from routerkit import ROUTER_DEFAULTS, engines, serve
 
 NAMESPACE = "discovery"
 SELECTOR = "rolloutpool.io/pool=disc,rolloutpool.io/component=engine"
@@ -78,24 +79,24 @@ async def test_router_follows_pod_readiness_and_deletion(cluster: LocalCluster, 
         manager = app[ROUTER].manager
         try:
             async with serve(app) as (url, _), aiohttp.ClientSession() as http:
-                await eventually(lambda: set(manager.runtime) == {"disc-engine-0"})
+                await wait_until_async(lambda: set(manager.runtime) == {"disc-engine-0"})
                 body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
                 async with http.post(f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": "s1"}) as resp:
                     assert resp.status == 200
                 assert manager.lookup("s1").replica == "disc-engine-0"
 
                 _status(cluster, "disc-engine-1", ready=True)
-                await eventually(lambda: set(manager.runtime) == {"disc-engine-0", "disc-engine-1"})
+                await wait_until_async(lambda: set(manager.runtime) == {"disc-engine-0", "disc-engine-1"})
 
                 _status(cluster, "disc-engine-0", ready=False)  # unready: dropped within seconds
-                await eventually(lambda: set(manager.runtime) == {"disc-engine-1"})
+                await wait_until_async(lambda: set(manager.runtime) == {"disc-engine-1"})
                 assert manager.lookup("s1") is None  # its session is re-placed on the next turn
                 async with http.post(f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": "s1"}) as resp:
                     assert resp.status == 200
                 assert manager.lookup("s1").replica == "disc-engine-1"
 
                 cluster.kubectl("delete", "pod", "disc-engine-1", "-n", namespace, "--grace-period=0", "--force")
-                await eventually(lambda: manager.runtime == {})
+                await wait_until_async(lambda: manager.runtime == {})
                 assert len(manager.table.sessions) == 0
                 async with http.get(f"{url}/readyz") as resp:
                     assert resp.status == 503

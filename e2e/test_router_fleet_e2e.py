@@ -37,8 +37,10 @@ import aiohttp
 import pytest
 import yaml
 
-from fullstack_kit import diagnosis, engine_pods, isolated_stack, pod_ready, processes_under, router_pod, wait_until
-from rolloutpool.dev.stack import LocalStack
+from fullstack_kit import diagnosis, engine_pods, isolated_stack, processes_under, router_pod
+from rolloutpool.api.pods import is_ready
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER
 
 POOL = "fleet"
@@ -87,7 +89,7 @@ def _url(pod: dict[str, Any], port: int) -> str:
 
 
 def _live_routers(stack: LocalStack) -> dict[str, dict[str, Any]]:
-    return {p["metadata"]["name"]: p for p in router_pod(stack, POOL) if pod_ready(p)}
+    return {p["metadata"]["name"]: p for p in router_pod(stack, POOL) if is_ready(p)}
 
 
 def _assignment(stack: LocalStack) -> dict[str, str]:
@@ -250,7 +252,11 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
     assert stack.apply(yaml.safe_dump(_pool())) == f"rolloutpool.rolloutpool.io/{POOL} created"
     try:
         wait_until(
-            "the pool Ready", lambda: (stack.condition(POOL, "Ready") or {}).get("status") == "True", timeout=300
+            lambda: (stack.condition(POOL, "Ready") or {}).get("status") == "True",
+            what="the pool Ready",
+            timeout=300,
+            interval=0.5,
+            ignore=TRANSIENT_ERRORS,
         )
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{diagnosis(stack)}") from exc
@@ -260,7 +266,9 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
         held = [list(assignment.values()).count(r) for r in routers]
         return assignment if len(routers) == ROUTERS and held == [ENGINES // ROUTERS] * ROUTERS else None
 
-    first: dict[str, str] = wait_until("three ready routers with two engines each", balanced, timeout=120)
+    first: dict[str, str] = wait_until(
+        balanced, what="three ready routers with two engines each", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+    )
     routers = _router_urls(stack)
     engines = {n: _url(p, 8000) for n, p in engine_pods(stack, POOL).items()}
     sampler = Sampler(stack)
@@ -290,7 +298,9 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
             live = {name: _values(t, "rolloutpool_router_live_sessions") for name, t in texts.items()}
             return set(client.open), live
 
-        held, live = wait_until("the client quiet between turns", quiet, timeout=60, interval=0.1)
+        held, live = wait_until(
+            quiet, what="the client quiet between turns", timeout=60, interval=0.1, ignore=TRANSIENT_ERRORS
+        )
         client.paused = False
         assert sum(sum(t.values()) for t in live.values()) == len(held) > 0, (live, len(held))
         for name, table in live.items():  # each router counts its own engines only
@@ -307,11 +317,19 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
         def reassigned() -> bool:
             return victim not in _assignment(stack).values()
 
-        wait_until("the deleted router's engines reassigned", reassigned, timeout=30, interval=0.2)
+        wait_until(
+            reassigned,
+            what="the deleted router's engines reassigned",
+            timeout=30,
+            interval=0.2,
+            ignore=TRANSIENT_ERRORS,
+        )
         took = time.time() - deleted_at
         print(f"router pod deleted -> its engines reassigned: {took:.1f}s")
         assert took < 15
-        settled: dict[str, str] = wait_until("the replacement router with its share", balanced, timeout=120)
+        settled: dict[str, str] = wait_until(
+            balanced, what="the replacement router with its share", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+        )
         settled_at = time.time()
         now = _router_urls(stack)
         sampler.routers, client.routers = dict(now), list(now.values())
@@ -332,7 +350,7 @@ def test_three_router_pods_act_as_one_fleet(stack: LocalStack) -> None:
     def empty() -> bool:
         return all(sum(_values(_scrape(u), "rolloutpool_router_live_sessions").values()) == 0 for u in now.values())
 
-    wait_until("no live session left in the fleet", empty, timeout=30)
+    wait_until(empty, what="no live session left in the fleet", timeout=30, interval=0.5, ignore=TRANSIENT_ERRORS)
 
     # -- caps held fleet-wide, by the routers' counts and by the engines' own view
     assert sampler.samples > 20

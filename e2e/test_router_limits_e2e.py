@@ -10,12 +10,13 @@ import yaml
 
 from poolcases import load_example
 from rolloutpool.dev.localcluster.cluster import LocalCluster
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.kube.pods import api_client
 from rolloutpool.kube.pools import PoolWatch
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER
-from routerkit import ROUTER_DEFAULTS, engines, eventually, serve
+from routerkit import ROUTER_DEFAULTS, engines, serve
 
 
 @contextmanager
@@ -45,7 +46,7 @@ async def test_operator_caps_and_quarantine_combine_with_the_routers(cluster: Lo
             app = build_router(RouterConfig(replicas=specs, cap=10, **ROUTER_DEFAULTS), limits=watch.events)
             table = app[ROUTER].manager.table
             async with serve(app):
-                await eventually(lambda: table.replicas["limits-engine-0"].cap == 10)
+                await wait_until_async(lambda: table.replicas["limits-engine-0"].cap == 10)
                 _status(
                     cluster,
                     "limits",
@@ -56,11 +57,11 @@ async def test_operator_caps_and_quarantine_combine_with_the_routers(cluster: Lo
                 )
                 # a cap fixed on the router is a hard limit: the tighter wins; the operator's quarantine applies
                 # on top of the router's own
-                await eventually(lambda: table.replicas["limits-engine-0"].cap == 3)
-                await eventually(lambda: table.replicas["limits-engine-1"].quarantined)
+                await wait_until_async(lambda: table.replicas["limits-engine-0"].cap == 3)
+                await wait_until_async(lambda: table.replicas["limits-engine-1"].quarantined)
                 assert table.replicas["limits-engine-1"].cap == 10
                 _status(cluster, "limits", [])
-                await eventually(lambda: not table.replicas["limits-engine-1"].quarantined)
+                await wait_until_async(lambda: not table.replicas["limits-engine-1"].quarantined)
                 assert table.replicas["limits-engine-0"].cap == 10
 
 
@@ -74,10 +75,10 @@ async def test_the_operators_cap_replaces_a_cap_the_router_only_derived(cluster:
             replica = app[ROUTER].manager.table.replicas["derived-engine-0"]
             async with serve(app):
                 # 32,768 KV tokens / (4,096 x residency 0.5) x (1 - headroom 0.1) = 14
-                await eventually(lambda: replica.cap == 14)
+                await wait_until_async(lambda: replica.cap == 14)
                 _status(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 20}])
-                await eventually(lambda: replica.cap == 20)  # above the derived 14: the law found room
+                await wait_until_async(lambda: replica.cap == 20)  # above the derived 14: the law found room
                 _status(cluster, "derived", [{"name": "derived-engine-0", "index": 0, "cap": 30}])
-                await eventually(lambda: replica.cap == 24)  # maxSessionsPerReplica stays a hard limit
+                await wait_until_async(lambda: replica.cap == 24)  # maxSessionsPerReplica stays a hard limit
                 _status(cluster, "derived", [])
-                await eventually(lambda: replica.cap == 14)  # no decision: the router's own guess again
+                await wait_until_async(lambda: replica.cap == 14)  # no decision: the router's own guess again

@@ -25,11 +25,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fullstack_kit import diagnosis, isolated_stack, pod_dirs, processes_under, router_pod, wait_until
+from fullstack_kit import diagnosis, isolated_stack, pod_dirs, processes_under, router_pod
 from rolloutpool.cli import main
 from rolloutpool.dev.bench.client import ClientConfig, run_client
 from rolloutpool.dev.demo import POOL, demo_pool
-from rolloutpool.dev.stack import LocalStack
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
 from rolloutpool.routing.trace import read_trace
 from rolloutpool.sim.workload import Lognormal, scenario
@@ -80,7 +81,9 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     assert stack.apply(yaml.safe_dump(pool)) == f"rolloutpool.rolloutpool.io/{POOL} created"
     waited = stack.cluster.kubectl("wait", "--for=condition=Ready", f"rp/{POOL}", "--timeout=110s", check=False)
     assert "condition met" in waited.stdout, f"{waited.stderr}\n{diagnosis(stack)}"
-    url: str = wait_until("a ready router pod", lambda: stack.router_url(POOL), timeout=120)
+    url: str = wait_until(
+        lambda: stack.router_url(POOL), what="a ready router pod", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+    )
     (router,) = router_pod(stack, POOL)
     args = router["spec"]["containers"][0]["args"]
     assert "--trace-file=/var/lib/rolloutpool/trace.jsonl" in args, args
@@ -93,7 +96,13 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     result = asyncio.run(run_client(config))
     print(f"load: {len(result.turns)} turns, {len(result.completed)} rollouts, {result.errors} errors")
     assert result.errors == 0
-    path: Path = wait_until("the trace written out", lambda: _settled(_trace_file(stack)), timeout=30)
+    path: Path = wait_until(
+        lambda: _settled(_trace_file(stack)),
+        what="the trace written out",
+        timeout=30,
+        interval=0.5,
+        ignore=TRANSIENT_ERRORS,
+    )
     trace = read_trace(path.read_text().splitlines())
     assert trace.header.session_ids == "hashed"
     assert trace.header.max_model_len == 8192

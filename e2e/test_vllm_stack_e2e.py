@@ -26,7 +26,8 @@ import yaml
 from fullstack_kit import RpWatch, condition, diagnosis, http_json, isolated_stack, processes_under, quarantined_by
 from rolloutpool.dev.localcluster.vllm_env import vllm_env
 from rolloutpool.dev.localcluster.vllm_model import ensure_tiny_model
-from rolloutpool.dev.stack import LocalStack, wait_until
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
+from rolloutpool.dev.wait import wait_until
 
 if not vllm_env().ready() and os.environ.get("CI") != "true":
     pytest.skip(f"vLLM is not installed at {vllm_env().venv} (bash .ci/dev vllm)", allow_module_level=True)
@@ -107,13 +108,27 @@ def test_real_vllm_pool_is_quarantined_under_eviction_and_released(stack: LocalS
     stack.apply(yaml.safe_dump(pool))
     started = time.monotonic()
     try:
-        wait_until("the vLLM pool Ready", lambda: _is(stack, "Ready", "True"), timeout=900, interval=2.0)
+        wait_until(
+            lambda: _is(stack, "Ready", "True"),
+            what="the vLLM pool Ready",
+            timeout=900,
+            interval=2.0,
+            ignore=TRANSIENT_ERRORS,
+        )
     except TimeoutError as err:
         raise AssertionError(diagnosis(stack)) from err
     print(f"vLLM pool Ready in {time.monotonic() - started:.0f}s")
-    router: str = wait_until("a ready router", lambda: stack.router_url(POOL), timeout=120)
+    router: str = wait_until(
+        lambda: stack.router_url(POOL), what="a ready router", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+    )
     # the operator's law reads the real engine through Prometheus: metrics available, capacity as vLLM reports it
-    wait_until("MetricsAvailable=True", lambda: _is(stack, "MetricsAvailable", "True"), timeout=180, interval=2.0)
+    wait_until(
+        lambda: _is(stack, "MetricsAvailable", "True"),
+        what="MetricsAvailable=True",
+        timeout=180,
+        interval=2.0,
+        ignore=TRANSIENT_ERRORS,
+    )
     (entry,) = stack.pool(POOL)["status"]["replicaStatus"]
     assert entry["kvCapacityTokens"] == BLOCKS * 32, entry
 
@@ -123,10 +138,18 @@ def test_real_vllm_pool_is_quarantined_under_eviction_and_released(stack: LocalS
 
     with RpWatch(stack, tmp_path / "get-rp-w.txt") as watch:
         _turns(router, model, sessions=3, turns=7)  # 3 x 1,680 tokens against 3,072 cached
-        at_quarantine: dict[str, Any] = wait_until("ReplicasQuarantined=True", held, timeout=120, interval=1.0)
+        at_quarantine: dict[str, Any] = wait_until(
+            held, what="ReplicasQuarantined=True", timeout=120, interval=1.0, ignore=TRANSIENT_ERRORS
+        )
         for s in range(3):
             http_json("DELETE", f"{router}/v1/sessions/v{s}")
-        wait_until("the quarantine released", lambda: _is(stack, "ReplicasQuarantined", "False"), timeout=180)
+        wait_until(
+            lambda: _is(stack, "ReplicasQuarantined", "False"),
+            what="the quarantine released",
+            timeout=180,
+            interval=0.5,
+            ignore=TRANSIENT_ERRORS,
+        )
         time.sleep(3)
         excerpt = watch.stop()
     by = quarantined_by(at_quarantine)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,20 +126,6 @@ async def no_leaked_tasks() -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"leaked tasks: {pending}")
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0) -> None:
-    """Poll ``check`` until it holds (generous timeout; the machine is busy)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition did not hold in time")
-        await asyncio.sleep(0.05)
 
 
 async def sse(resp: aiohttp.ClientResponse) -> list[Any]:

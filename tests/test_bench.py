@@ -14,9 +14,11 @@ import pytest
 from rolloutpool.dev.bench.client import observation_text, prompt_text, reprefilled_tokens
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, percentile
 from rolloutpool.dev.bench.peers import OURS, RouterLaunch, program_scheduling_config, vllm_router_argv
-from rolloutpool.dev.bench.processes import ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.bench.report import markdown, result_json
 from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import pid_alive
 from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.engine.model.tokenizer import render_chat, tokenize
 from rolloutpool.sim.workload import scenario

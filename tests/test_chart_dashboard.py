@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from poolcases import ROOT
 from rolloutpool.engine.model.core import Engine, EngineConfig
 from rolloutpool.engine.server.metrics import CacheConfigInfo, EngineMetrics
-from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
+from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics
 
 DASHBOARD = ROOT / "charts" / "rolloutpool" / "dashboards" / "rolloutpool.json"
 METRIC_TOKEN = re.compile(r"vllm:[A-Za-z0-9_:]+|rolloutpool_router_[A-Za-z0-9_]+")

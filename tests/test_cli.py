@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from poolcases import EXAMPLES, invalid_cases
 from rolloutpool.api.crd import render_crd
 from rolloutpool.cli import main
+from rolloutpool.dev.net import free_port
 
 
 def test_plan_json_for_qwen3_on_h200() -> None:
@@ -75,15 +76,12 @@ def test_validate_accepts_examples_and_rejects_invalid(tmp_path) -> None:
 
 
 def test_engine_sim_command_serves_until_terminated(tmp_path) -> None:
-    import socket  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
     import time  # noqa: PLC0415
     import urllib.request  # noqa: PLC0415
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rolloutpool.cli", "engine-sim", "--port", str(port), "--kv-capacity-tokens", "65536"],
         stdout=subprocess.PIPE,

@@ -12,10 +12,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.engine.model.tokenizer import tokenize
 from rolloutpool.engine.server.app import ServerConfig, build_app
 from rolloutpool.engine.server.rl import RL_CONTROL, RLControl
-from routerkit import ENGINE_DEFAULTS, MODEL, eventually, serve, sse
+from routerkit import ENGINE_DEFAULTS, MODEL, serve, sse
 
 
 class Engine:
@@ -153,7 +154,7 @@ async def test_tokenize_and_detokenize_round_trip() -> None:
 async def test_pause_abort_ends_requests_in_flight_and_holds_new_ones_until_resume() -> None:
     async with engine(time_scale=10.0) as e:
         long = asyncio.create_task(e.generate(PROMPT, max_tokens=2000))
-        await eventually(lambda: e.control.runner.in_flight == 1)
+        await wait_until_async(lambda: e.control.runner.in_flight == 1)
         status, paused = await e.post("/pause")  # default: abort, clear the cache
         assert status == 200
         assert paused == {"status": "paused", "mode": "abort", "cache_cleared": True, "aborted": 1}
@@ -179,7 +180,7 @@ async def test_pause_abort_ends_requests_in_flight_and_holds_new_ones_until_resu
 async def test_pause_wait_lets_requests_in_flight_finish() -> None:
     async with engine(time_scale=50.0) as e:
         running = asyncio.create_task(e.generate(PROMPT, max_tokens=300))
-        await eventually(lambda: e.control.runner.in_flight == 1)
+        await wait_until_async(lambda: e.control.runner.in_flight == 1)
         status, paused = await e.post("/pause?mode=wait&clear_cache=false")
         assert running.done()
         assert (status, paused["mode"], paused["cache_cleared"]) == (200, "wait", False)
@@ -193,7 +194,7 @@ async def test_pause_wait_lets_requests_in_flight_finish() -> None:
 async def test_pause_keep_freezes_requests_longer_than_a_client_timeout() -> None:
     async with engine(time_scale=10.0) as e:
         frozen = asyncio.create_task(e.generate(PROMPT, max_tokens=400))
-        await eventually(lambda: e.control.runner.in_flight == 1)
+        await wait_until_async(lambda: e.control.runner.in_flight == 1)
         status, paused = await e.post("/pause?mode=keep")
         assert (status, paused["mode"], paused["cache_cleared"]) == (200, "keep", False)  # its blocks are held
         job = next(iter(e.control._spans))
@@ -214,7 +215,7 @@ async def test_pause_keep_freezes_requests_longer_than_a_client_timeout() -> Non
         assert status == 200
         assert body["choices"][0]["finish_reason"] == "length"
         assert len(body["choices"][0]["token_ids"]) == 400
-        await eventually(lambda: e.control.runner.in_flight == 0)
+        await wait_until_async(lambda: e.control.runner.in_flight == 0)
         assert e.control.runner.engine.pool.num_used == 0
 
 
@@ -222,7 +223,7 @@ async def test_update_weights_flushes_the_cache_and_bumps_the_version_mid_reques
     async with engine(time_scale=20.0) as e:
         await e.generate(PROMPT, max_tokens=4)
         running = asyncio.create_task(e.generate(PROMPT[:16] + [7] * 16, max_tokens=300))
-        await eventually(lambda: e.control.runner.in_flight == 1)
+        await wait_until_async(lambda: e.control.runner.in_flight == 1)
         await e.post("/pause?mode=keep&clear_cache=false")
         assert (await e.post("/update_weight_version", {"weight_version": 5}))[1]["weight_version"] == 5
         await e.post("/resume")

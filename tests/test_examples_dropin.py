@@ -6,22 +6,16 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from rolloutpool.dev.net import free_port
 from routerkit import engines
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _run(*cmd: str) -> tuple[int, str, str]:
@@ -36,7 +30,7 @@ async def _run(*cmd: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("client", ["prime_rl_client.py", "skyrl_client.py"])
 async def test_example_client_runs_unchanged_against_our_router(client: str) -> None:
     async with engines(2, time_scale=50.0, max_model_len=32768, num_gpu_blocks=8192) as urls:
-        port = _free_port()
+        port = free_port()
         launch = ["--worker-urls", *urls.values(), "--policy", "sticky_least_loaded", "--request-id-headers"]
         launch += ["x-session-id", "--port", str(port)]
         router = await asyncio.create_subprocess_exec(

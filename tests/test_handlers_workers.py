@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.handlers.workers import PoolKey, PoolWorkers
 
 KEY: PoolKey = ("ns", "pool")
@@ -37,23 +38,17 @@ class Passes:
             self.running -= 1
 
 
-async def _until(check, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.005)
-
-
 async def test_a_burst_of_pokes_during_a_pass_gives_one_more_pass() -> None:
     passes = Passes()
     workers = PoolWorkers(passes)
     try:
         passes.release.clear()
         workers.poke(KEY)
-        await _until(lambda: passes.running == 1)
+        await wait_until_async(lambda: passes.running == 1, timeout=5.0, interval=0.005)
         for _ in range(10):
             workers.poke(KEY)
         passes.release.set()
-        await _until(lambda: len(passes.calls) == 2)
+        await wait_until_async(lambda: len(passes.calls) == 2, timeout=5.0, interval=0.005)
         await asyncio.sleep(0.05)
         assert len(passes.calls) == 2
         assert passes.most_running == 1
@@ -66,7 +61,7 @@ async def test_passes_repeat_after_the_delay_the_pass_asks_for() -> None:
     workers = PoolWorkers(passes)
     try:
         workers.poke(KEY)
-        await _until(lambda: len(passes.calls) >= 5)
+        await wait_until_async(lambda: len(passes.calls) >= 5, timeout=5.0, interval=0.005)
     finally:
         await workers.close()
 
@@ -77,7 +72,7 @@ async def test_a_failing_pass_is_retried_after_the_backoff() -> None:
     workers = PoolWorkers(passes, error_backoff=0.01)
     try:
         workers.poke(KEY)
-        await _until(lambda: len(passes.calls) == 2)
+        await wait_until_async(lambda: len(passes.calls) == 2, timeout=5.0, interval=0.005)
         assert KEY in workers
     finally:
         await workers.close()
@@ -88,9 +83,9 @@ async def test_a_gone_pool_ends_its_worker_and_a_poke_starts_a_new_one() -> None
     workers = PoolWorkers(passes)
     try:
         workers.poke(KEY)
-        await _until(lambda: KEY not in workers)
+        await wait_until_async(lambda: KEY not in workers, timeout=5.0, interval=0.005)
         workers.poke(KEY)
-        await _until(lambda: len(passes.calls) == 2)
+        await wait_until_async(lambda: len(passes.calls) == 2, timeout=5.0, interval=0.005)
     finally:
         await workers.close()
 
@@ -101,9 +96,9 @@ async def test_forget_cancels_a_running_pass_and_close_ends_everything() -> None
     passes.release.clear()
     workers.poke(KEY)
     workers.poke(("ns", "other"))
-    await _until(lambda: passes.running == 2)
+    await wait_until_async(lambda: passes.running == 2, timeout=5.0, interval=0.005)
     workers.forget(KEY)
-    await _until(lambda: passes.running == 1)
+    await wait_until_async(lambda: passes.running == 1, timeout=5.0, interval=0.005)
     assert KEY not in workers
     await workers.close()
     assert passes.running == 0
@@ -120,7 +115,7 @@ async def test_pools_run_side_by_side(count: int) -> None:
     try:
         for index in range(count):
             workers.poke(("ns", f"pool-{index}"))
-        await _until(lambda: passes.running == count)
+        await wait_until_async(lambda: passes.running == count, timeout=5.0, interval=0.005)
     finally:
         passes.release.set()
         await workers.close()

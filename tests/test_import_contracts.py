@@ -30,7 +30,7 @@ HELPER = "planted_helper.py"  # a module in no list, so a pure module reaches I/
 
 # (case id, {relative path: text appended (or the whole new file)}, contract that must break)
 CASES: list[tuple[str, dict[str, str], str]] = [
-    # a pure module imports one of our I/O modules directly (the hole issue 16 names first)
+    # a pure module imports one of our I/O modules directly
     *(
         (f"pure-imports-{target}", {"reconcile/caps.py": f"import {target}\n"}, PURE_OURS)
         for target in (

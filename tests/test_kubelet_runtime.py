@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from rolloutpool.dev.kubelet.runtime import ContainerRun, Launch, PodRun
-from rolloutpool.dev.localcluster.cluster import free_port
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.wait import wait_until
 
 
 @pytest.fixture
@@ -39,13 +40,19 @@ def _log_text(directory: Path) -> str:
 
 
 def _until(run: PodRun, executor: ThreadPoolExecutor, check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
+    """Tick ``run`` until ``check`` holds; kill the pod's processes on any failure."""
+
+    def ticked() -> bool:
+        if check():
+            return True
+        run.tick(now=time.time(), executor=executor)
+        return False
+
     try:
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not reached; views={run.views()}")
-            run.tick(now=time.time(), executor=executor)
-            time.sleep(0.02)
+        wait_until(ticked, what="the containers' state", timeout=timeout, interval=0.02)
+    except TimeoutError as err:
+        run.kill_now()
+        raise AssertionError(f"{err}; views={run.views()}") from err
     except BaseException:
         run.kill_now()
         raise

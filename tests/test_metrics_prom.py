@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from rolloutpool.autoscale import ReplicaSignals
-from rolloutpool.dev.localcluster.cluster import free_port
+from rolloutpool.dev.net import free_port
 from rolloutpool.metrics.prom import PrometheusSignals, PrometheusUnreachable, redact_url, scrub
 from rolloutpool.metrics.promql import QUERY_NAMES
 

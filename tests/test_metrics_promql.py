@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
+from rolloutpool.api.vllm_metrics import PREFIX_CACHE_HITS_SAMPLES, PREFIX_CACHE_QUERIES_SAMPLES
 from rolloutpool.autoscale import ReplicaSignals, classify_health
 from rolloutpool.metrics.promql import (
-    PREFIX_CACHE_HITS,
-    PREFIX_CACHE_QUERIES,
     QUERY_NAMES,
     assemble_signals,
     build_queries,
@@ -109,7 +108,10 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     def first_of(names: tuple[str, ...]) -> str:
         return " or ".join(f"sum by (pod) (max by (pod, engine) (rate({n}{{{engine}}}[60s])))" for n in names)
 
-    assert queries["prefix_hit_ratio"] == f"({first_of(PREFIX_CACHE_HITS)}) / ({first_of(PREFIX_CACHE_QUERIES)})"
+    assert (
+        queries["prefix_hit_ratio"]
+        == f"({first_of(PREFIX_CACHE_HITS_SAMPLES)}) / ({first_of(PREFIX_CACHE_QUERIES_SAMPLES)})"
+    )
     assert "vllm:gpu_prefix_cache_hits_total" in queries["prefix_hit_ratio"]  # older releases still read
     assert queries["cache_config"] == f"vllm:cache_config_info{{{engine}}}"
     assert queries["engine_sampled_at"] == f"max by (pod) (timestamp(vllm:num_requests_waiting{{{engine}}}))"

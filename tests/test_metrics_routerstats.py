@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 
-from rolloutpool.dev.localcluster.cluster import free_port
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.metrics.routerstats import (
     RouterSample,
     RouterStats,
@@ -19,10 +20,10 @@ from rolloutpool.metrics.routerstats import (
     parse_router_metrics,
     read_router_stats,
 )
-from rolloutpool.router.metrics import PRESSURE_REASONS, ReplicaGauges, RouterMetrics
+from rolloutpool.router.instruments import PRESSURE_REASONS, ReplicaGauges, RouterMetrics
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.quarantine import QuarantineConfig
-from routerkit import engines, eventually, no_leaked_tasks, router
+from routerkit import engines, no_leaked_tasks, router
 
 EXPOSITION = """\
 # HELP rolloutpool_router_live_sessions Live sessions held
@@ -132,7 +133,7 @@ async def test_sums_live_sessions_and_queue_over_routers_and_skips_a_dead_one() 
         for session in ("a", "b"):  # cap 1 each: one session per engine
             assert (await first.post("/v1/sessions", {"session_id": session}))[0] == 201
         waiting = asyncio.create_task(first.post("/v1/sessions", {"session_id": "queued"}))
-        await eventually(lambda: first.manager.queue_depth == 1)
+        await wait_until_async(lambda: first.manager.queue_depth == 1)
         for session in ("c", "d", "e"):
             assert (await second.post("/v1/sessions", {"session_id": session}))[0] == 201
         dead = f"http://127.0.0.1:{free_port()}"
@@ -162,7 +163,9 @@ async def test_reports_each_routers_own_quarantine_not_the_operators() -> None:
         first.manager.observe_scrape("e0", preemptions_total=3.0, waiting=0.0)
         # e1: quarantined by the operator (the pool's status) on the second router: obeyed, but not its own
         second.manager.set_operator_limits({"e1": OperatorLimit(cap=None, quarantined=True, reason="Evicting")})
-        await eventually(lambda: first.manager.replica("e0").quarantined and second.manager.replica("e1").quarantined)
+        await wait_until_async(
+            lambda: first.manager.replica("e0").quarantined and second.manager.replica("e1").quarantined
+        )
         assert await second.metric("rolloutpool_router_replica_quarantined", replica="e1") == 1.0
         assert await second.metric("rolloutpool_router_replica_pressure", replica="e1") == 0.0
         assert await first.metric("rolloutpool_router_replica_pressure", replica="e0", reason="Preempting") == 1.0

@@ -1,4 +1,4 @@
-"""One name per pressure reason: the law, the conditions and a status from an earlier release agree."""
+"""One name per pressure reason: the law, the conditions and a stored status with another spelling agree."""
 
 from __future__ import annotations
 

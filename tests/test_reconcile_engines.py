@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolcases import load_example
+from rolloutpool.api.pods import is_ready
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.reconcile.children import desired_engine_pods
-from rolloutpool.reconcile.engines import DrainEnd, EnginePlan, is_ready, plan_engines
+from rolloutpool.reconcile.engines import DrainEnd, EnginePlan, plan_engines
 from rolloutpool.reconcile.labels import ANNOTATION_SPEC_HASH
 
 IMAGE = "img:1"

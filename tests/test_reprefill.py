@@ -11,12 +11,13 @@ from pathlib import Path
 
 from rolloutpool.dev.localcluster.vllm_env import extra_requirements, recipe_hash
 from rolloutpool.dev.localcluster.vllm_model import VllmServerConfig, server_command
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.metrics.routerstats import parse_router_metrics
 from rolloutpool.reconcile.caps import parse_spec
 from rolloutpool.reconcile.status import build_status
 from rolloutpool.router.scrape import parse_signals, scrape_timeout
 from rolloutpool.routing.reprefill import CachedTokensWatch, reprefill_tokens
-from routerkit import engines, eventually, router
+from routerkit import engines, router
 from test_reconcile_status import HEALTHY, E, pods_of, pool_object
 
 
@@ -99,7 +100,7 @@ async def test_router_never_quarantines_a_replica_with_caching_off_for_misses() 
                 == 1
             )
 
-        await eventually(flagged)
+        await wait_until_async(flagged)
         prompt = " ".join(["the agent reads the tool output and decides what to call next ,"] * 40)
         for turn in range(4):
             prompt += f" turn {turn} " + " ".join(["next"] * 30)

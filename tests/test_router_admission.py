@@ -9,14 +9,15 @@ import time
 import aiohttp
 import pytest
 
-from routerkit import engines, eventually, no_leaked_tasks, router
+from rolloutpool.dev.wait import wait_until_async
+from routerkit import engines, no_leaked_tasks, router
 
 
 async def test_queue_full_is_429_and_a_release_admits_the_waiting_session() -> None:
     async with engines(1) as urls, router(urls, cap=1, queue_max=1, queue_timeout_s=30.0, retry_after_s=3) as rt:
         assert (await rt.post("/v1/sessions", {"session_id": "a"}))[0] == 201
         waiting = asyncio.create_task(rt.post("/v1/sessions", {"session_id": "b"}))
-        await eventually(lambda: rt.manager.queue_depth == 1)
+        await wait_until_async(lambda: rt.manager.queue_depth == 1)
         status, body, resp = await rt.post("/v1/sessions", {"session_id": "c"})
         assert status == 429
         assert resp.headers["Retry-After"] == "3"
@@ -40,7 +41,7 @@ async def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind() ->
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
             with pytest.raises(TimeoutError):
                 await impatient.post(f"{rt.url}/v1/sessions", json={"session_id": "gave-up"})
-        await eventually(lambda: rt.manager.queue_depth == 0)  # the disconnect cancelled its wait
+        await wait_until_async(lambda: rt.manager.queue_depth == 0)  # the disconnect cancelled its wait
         assert (await rt.request("DELETE", "/v1/sessions/a"))[0] == 200
         await asyncio.sleep(0.2)  # a wrongly kept waiter would be admitted by now
         assert rt.live() == {"e0": 0}
@@ -52,7 +53,7 @@ async def test_releasing_a_queued_session_takes_it_out_of_the_queue() -> None:
     async with engines(1) as urls, router(urls, cap=1, queue_timeout_s=30.0) as rt:
         assert (await rt.post("/v1/sessions", {"session_id": "a"}))[0] == 201
         waiting = asyncio.create_task(rt.post("/v1/sessions", {"session_id": "b"}))
-        await eventually(lambda: rt.manager.queue_depth == 1)
+        await wait_until_async(lambda: rt.manager.queue_depth == 1)
         status, body, _ = await rt.post("/finish_session?session_id=b")
         assert (status, body["released"]) == (200, False)  # never live: nothing to release, but dequeued
         status, body, _ = await waiting
@@ -79,7 +80,7 @@ async def test_queue_timeout_is_503_and_a_proxied_request_waits_too() -> None:
         assert body["error"]["type"] == "ServiceUnavailableError"
         # a one-turn request queues as well, and its slot is freed when it completes
         queued = asyncio.create_task(rt.complete("one turn"))
-        await eventually(lambda: rt.manager.queue_depth == 1)
+        await wait_until_async(lambda: rt.manager.queue_depth == 1)
         assert (await rt.post("/finish_session?session_id=a"))[0] == 200
         assert (await queued)[0] == 200
         assert rt.live() == {"e0": 0}
@@ -97,7 +98,7 @@ async def test_idle_sessions_expire_and_free_their_slot() -> None:
         assert rt.manager.lookup("idle") is None
         assert await rt.metric("rolloutpool_router_expiries_total") == 1
         assert (await rt.request("DELETE", "/v1/sessions/idle"))[0] == 404
-        await eventually(lambda: rt.manager.lookup("next") is None)
+        await wait_until_async(lambda: rt.manager.lookup("next") is None)
         assert rt.live() == {"e0": 0}
     await no_leaked_tasks()
 

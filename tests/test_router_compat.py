@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 
 import aiohttp
@@ -13,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli import main
+from rolloutpool.dev.net import free_port
 from rolloutpool.router.compat import ACCEPTED, REFUSED, CompatError, replica_name, translate
 from routerkit import MODEL, engines
 
@@ -110,15 +110,9 @@ def test_cli_refuses_a_flag_it_cannot_honour_before_serving() -> None:
     assert "not both" in result.output
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_router_launched_with_prime_rl_flags_serves_sessions() -> None:
     async with engines(2) as urls:
-        port = _free_port()
+        port = free_port()
         args = ["--worker-urls", *urls.values(), "--policy", "sticky_least_loaded", "--request-id-headers"]
         args += ["x-session-id", "--intra-node-data-parallel-size", "1", "--host", "127.0.0.1", "--port", str(port)]
         args += ["--cache-threshold", "0.5", "--prometheus-port", "29000"]

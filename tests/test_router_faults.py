@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.routing.quarantine import QuarantineConfig
-from routerkit import MODEL, FaultyReplica, engines, eventually, no_leaked_tasks, router, serve, sse
+from routerkit import MODEL, FaultyReplica, engines, no_leaked_tasks, router, serve, sse
 
 TOKEN = "s3cret-admin-token"  # noqa: S105 - a test fixture, not a credential
 
@@ -48,7 +49,7 @@ async def test_replica_dying_mid_stream_ends_the_stream_and_the_session_moves() 
         assert status == 502
         assert body["error"]["type"] == "BadGatewayError"
         assert (await rt.complete("hello", session="t"))[0] == 200
-        await eventually(lambda: rt.manager.runtime["bad"].scrape_failures >= 3)
+        await wait_until_async(lambda: rt.manager.runtime["bad"].scrape_failures >= 3)
         assert not rt.manager.replica("bad").ready
         assert (await rt.request("GET", "/readyz"))[0] == 200
     await no_leaked_tasks()
@@ -141,7 +142,7 @@ async def test_restart_restores_sessions_without_double_counting(tmp_path: Path)
             before = rt.live()
             homes = {sid: s.replica for sid, s in rt.manager.table.sessions.items()}
             contexts = {sid: s.context_tokens for sid, s in rt.manager.table.sessions.items()}
-            await eventually(state.exists)
+            await wait_until_async(state.exists)
         saved = json.loads(state.read_text())
         assert len(saved["sessions"]) == 4
         async with router(urls, state_path=state, state_debounce_s=0.05) as rt:
@@ -175,7 +176,7 @@ async def test_shutdown_finishes_in_flight_requests_and_fails_queued_ones() -> N
         async with rt.http.post(f"{rt.url}/v1/completions", json=body, headers={"X-Session-ID": "a"}) as resp:
             assert resp.status == 200
             queued = asyncio.create_task(rt.post("/v1/sessions", {"session_id": "b"}))
-            await eventually(lambda: rt.manager.queue_depth == 1)
+            await wait_until_async(lambda: rt.manager.queue_depth == 1)
             assert rt.manager.replica("e0").inflight == 1
             stopping = asyncio.create_task(rt.runner.cleanup())
             status, _, _ = await queued

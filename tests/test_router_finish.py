@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from routerkit import MODEL, engines, eventually, no_leaked_tasks, router
+from rolloutpool.dev.wait import wait_until_async
+from routerkit import MODEL, engines, no_leaked_tasks, router
 
 
 async def test_finish_session_is_200_and_idempotent_for_known_unknown_and_repeated_ids() -> None:
@@ -36,7 +37,7 @@ async def test_finish_during_a_turn_in_flight_answers_at_once_and_releases_when_
     async with engines(1, time_scale=20.0) as urls, router(urls) as rt:
         body = {"model": MODEL, "prompt": "a long answer please", "max_tokens": 400}
         turn = asyncio.create_task(rt.post("/v1/completions", body, headers={"X-Session-ID": "busy"}))
-        await eventually(lambda: rt.manager.busy("busy"))
+        await wait_until_async(lambda: rt.manager.busy("busy"))
         started = asyncio.get_running_loop().time()
         status, answer, _ = await asyncio.wait_for(rt.post("/finish_session?session_id=busy"), timeout=5)
         assert asyncio.get_running_loop().time() - started < 1.0  # never waits for the turn
@@ -47,7 +48,7 @@ async def test_finish_during_a_turn_in_flight_answers_at_once_and_releases_when_
         assert (again[0], again[1]["deferred"]) == (200, True)  # repeated: still one pending release
         status, _, _ = await turn
         assert status == 200
-        await eventually(lambda: rt.live() == {"e0": 0})
+        await wait_until_async(lambda: rt.live() == {"e0": 0})
         assert await rt.metric("rolloutpool_router_releases_total", how="finish_session") == 1
         # the same id after the finish is a new session (SkyRL reuses ids across epochs)
         assert (await rt.complete("next epoch", session="busy"))[0] == 200

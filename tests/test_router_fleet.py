@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.router import RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER
 from rolloutpool.router.fleet import Fleet
 from rolloutpool.routing.discovery import ReplicaEvent
 from rolloutpool.routing.fleetview import FleetView
-from routerkit import ROUTER_DEFAULTS, engines, eventually, no_leaked_tasks, serve
+from routerkit import ROUTER_DEFAULTS, engines, no_leaked_tasks, serve
 
 ME, PEER = "router-a", "router-b"
 
@@ -41,7 +42,7 @@ async def test_engines_follow_the_assignment_and_moved_sessions_are_released() -
         manager = app[ROUTER].manager
         async with serve(app) as (url, _), aiohttp.ClientSession() as http:
             views.put_nowait(_view({"e0": ME, "e1": ME}, urls))  # both engines mine: every session is mine
-            await eventually(lambda: set(manager.runtime) == {"e0", "e1"})
+            await wait_until_async(lambda: set(manager.runtime) == {"e0", "e1"})
             body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             for i in range(20):
                 async with http.post(f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": f"s{i}"}) as r:
@@ -49,9 +50,9 @@ async def test_engines_follow_the_assignment_and_moved_sessions_are_released() -
             assert len(manager.table.sessions) == 20
 
             views.put_nowait(_view({"e0": ME, "e1": PEER}, urls))  # e1 moves to the peer, with its ring points
-            await eventually(lambda: set(manager.runtime) == {"e0"})
+            await wait_until_async(lambda: set(manager.runtime) == {"e0"})
             view = fleet.view
-            await eventually(lambda: all(view.owner(s) == ME for s in manager.table.sessions))
+            await wait_until_async(lambda: all(view.owner(s) == ME for s in manager.table.sessions))
             kept = set(manager.table.sessions)
             assert kept == {f"s{i}" for i in range(20) if view.owner(f"s{i}") == ME and manager.lookup(f"s{i}")}
             assert 0 < len(kept) < 20
@@ -69,5 +70,5 @@ async def test_engines_follow_the_assignment_and_moved_sessions_are_released() -
             async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200
             assert manager.lookup(foreign) is not None
-            await eventually(lambda: manager.lookup(foreign) is None)  # and swept once idle: not ours
+            await wait_until_async(lambda: manager.lookup(foreign) is None)  # and swept once idle: not ours
     await no_leaked_tasks()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
-from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.router.sessions import SessionManager
 
 

@@ -16,11 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli import main
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router.proxy import EventRelay
 from rolloutpool.router.renewal_body import CHAT_PATH, COMPLETIONS_PATH, TextCollector, renewal_body, response_text
 from rolloutpool.routing.quarantine import expected_cached_tokens
-from routerkit import MODEL, Router, engines, eventually, killable_engine, no_leaked_tasks, router
+from routerkit import MODEL, Router, engines, killable_engine, no_leaked_tasks, router
 
 RENEWAL_FIELDS = {"stream": False, "n": 1, "temperature": 0, "max_tokens": 1}
 
@@ -206,7 +207,7 @@ async def _returning_turn(api: str, *, renew_every_s: float | None) -> dict[str,
                 await _turn(rt, api, f"churn{round_}-{k}", _first(api, f"c{round_}x{k}y", 150), final=True)
             if renew_every_s is not None:  # at least one renewal sent after this round (they are sequential)
                 floor = await rt.metric("rolloutpool_router_renewals_total", outcome="ok") + 2
-                await eventually(lambda f=floor: _at_least(rt, "rolloutpool_router_renewals_total", f))
+                await wait_until_async(lambda f=floor: _at_least(rt, "rolloutpool_router_renewals_total", f))
         # renewals are not turns: the session's context and last activity are as its turn left them
         assert (session.context_tokens, session.last_seen) == (context, seen)
         assert rt.manager.is_current(session)
@@ -255,23 +256,23 @@ async def test_renewals_to_a_dead_engine_are_counted_and_never_disturb_serving()
         a, b = rt.manager.lookup("A"), rt.manager.lookup("B")
         assert (a.replica, b.replica) == ("dying", "e0")
         renewals = "rolloutpool_router_renewals_total"
-        await eventually(lambda: _at_least(rt, renewals, 2))
+        await wait_until_async(lambda: _at_least(rt, renewals, 2))
         await dying.kill()
         # retried after each idle period (the scraper needs three failed scrapes, over 1 s, to see it down)
-        await eventually(lambda: _failed_at_least(rt, renewals, 2))
+        await wait_until_async(lambda: _failed_at_least(rt, renewals, 2))
         assert rt.manager.lookup("A") is a  # a failed renewal never unbinds its session
         assert "A" in rt.service.renewer.records
         # the router keeps serving: the live replica's session, and a new session
         status, body, replica = await rt.complete(words("more", 10), session="B")
         assert (status, replica) == (200, "e0"), body
-        await eventually(lambda: not rt.manager.replica("dying").ready)  # the scraper, not the renewals
+        await wait_until_async(lambda: not rt.manager.replica("dying").ready)  # the scraper, not the renewals
         status, body, replica = await rt.complete(words("new", 10), session="C")
         assert (status, replica) == (200, "e0"), body
         # once the replica is seen down its sessions wait: no more renewals are sent there
         failed = await rt.metric(renewals, outcome="failed", replica="dying")
         assert failed >= 2
         ok = await rt.metric(renewals, outcome="ok", replica="e0")
-        await eventually(lambda: _ok_at_least(rt, renewals, ok + 8))  # four renewal periods later
+        await wait_until_async(lambda: _ok_at_least(rt, renewals, ok + 8))  # four renewal periods later
         assert await rt.metric(renewals, outcome="failed", replica="dying") <= failed + 1  # one was in flight
         assert await rt.metric(renewals, outcome="failed", replica="e0") == 0
         assert await rt.metric(renewals, outcome="ok", replica="e0") >= 1
@@ -300,14 +301,14 @@ async def test_renewal_records_follow_the_sessions_life() -> None:
         history = words("s", 60)
         status, body, replica = await rt.complete(history, session="S")
         assert status == 200
-        await eventually(lambda: renewer.inflight > 0)  # a renewal of S is in flight
+        await wait_until_async(lambda: renewer.inflight > 0)  # a renewal of S is in flight
         history = f"{history}{body['choices'][0]['text']} {words('obs', 5)}"
         status, body, again = await rt.complete(history, session="S")
         assert (status, again) == (200, replica)  # the turn went through beside the renewal
         context = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
         assert rt.manager.lookup("S").context_tokens == context  # the renewal's answer changed nothing
         assert renewer.records["S"].body["prompt"] == f"{history}{body['choices'][0]['text']}"
-        await eventually(lambda: _at_least(rt, "rolloutpool_router_renewals_total", 2))
+        await wait_until_async(lambda: _at_least(rt, "rolloutpool_router_renewals_total", 2))
         assert rt.manager.lookup("S").context_tokens == context
         assert await rt.metric("rolloutpool_router_reprefilled_tokens_total") == 0
         # one-shot requests (no session id) are never renewed
@@ -343,7 +344,7 @@ async def test_a_renewal_the_engine_refuses_is_dropped_not_retried() -> None:
         assert status == 200
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == SMALL_CACHE["max_model_len"]
-        await eventually(lambda: "S" not in rt.service.renewer.records)
+        await wait_until_async(lambda: "S" not in rt.service.renewer.records)
         assert await rt.metric("rolloutpool_router_renewals_total", outcome="failed") == 1
         assert rt.service.renewer.clock.idle_sessions == 0  # not scheduled again
         assert rt.manager.lookup("S") is not None  # the session itself is untouched

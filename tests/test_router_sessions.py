@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
-from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.router.sessions import ReleasedWhileQueuedError, SessionManager
 from rolloutpool.router.state import snapshot
 

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.engine.server.app import ServerConfig, build_app
 from rolloutpool.engine.server.rl import RL_CONTROL, RLControl
 from rolloutpool.router.admin import fan_out_status
@@ -23,7 +24,7 @@ from rolloutpool.routing.weights import (
     observe_scrape_excused,
     reprefill_excuse,
 )
-from routerkit import ENGINE_DEFAULTS, MODEL, eventually, killable_engine, no_leaked_tasks, router, serve
+from routerkit import ENGINE_DEFAULTS, MODEL, killable_engine, no_leaked_tasks, router, serve
 
 TOKEN = "s3cret"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -169,7 +170,7 @@ async def test_an_update_the_trainer_sends_to_the_engines_directly_is_seen_in_th
         before = rt.manager.weights.flushes
         async with http.post(f"{urls['e0']}/update_weights", json={}) as resp:
             assert resp.status == 200
-        await eventually(lambda: rt.manager.weights.flushes > before)  # the next scrape
+        await wait_until_async(lambda: rt.manager.weights.flushes > before)  # the next scrape
         assert max(await _turns(rt, ["a", "b"], 2)) == 0
         assert await rt.metric("rolloutpool_router_reprefilled_tokens_total") == 0
     await no_leaked_tasks()
@@ -263,12 +264,12 @@ async def test_keep_pause_outlasting_a_client_timeout_keeps_counts_exact() -> No
                 timeout=aiohttp.ClientTimeout(total=0.5),
             ) as resp:
                 await resp.read()
-        await eventually(lambda: not rt.manager.busy("k1"))
+        await wait_until_async(lambda: not rt.manager.busy("k1"))
         assert sum(rt.live().values()) == 2  # the session stays; nothing went negative
         assert (await rt.post("/admin/rl/resume", headers=AUTH))[0] == 200
         await _turns(rt, ["k1", "k2"], 1)
         assert sum(rt.live().values()) == 2
-        await eventually(lambda: all(c.runner.in_flight == 0 for c in controls))
+        await wait_until_async(lambda: all(c.runner.in_flight == 0 for c in controls))
     await no_leaked_tasks()
 
 

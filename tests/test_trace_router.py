@@ -6,7 +6,9 @@ import asyncio
 from pathlib import Path
 
 from rolloutpool.dev.bench.client import ClientConfig, run_client
-from rolloutpool.dev.bench.processes import ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import pid_alive
 from rolloutpool.routing.trace import read_trace
 from rolloutpool.sim.trace_feed import episodes
 from rolloutpool.sim.workload import Lognormal, scenario

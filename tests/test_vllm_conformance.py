@@ -17,7 +17,8 @@ from rolloutpool.dev.bench.conformance import EVICT, SMALL, compare, observe_sim
 from rolloutpool.dev.bench.conformance_probe import probe
 from rolloutpool.dev.bench.vllm_acceptance import run_acceptance
 from rolloutpool.dev.localcluster.vllm_env import vllm_env
-from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig, free_port
+from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
+from rolloutpool.dev.net import free_port
 from rolloutpool.router.scrape import parse_signals
 
 if not vllm_env().ready() and os.environ.get("CI") != "true":

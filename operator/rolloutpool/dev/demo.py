@@ -24,13 +24,12 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from rolloutpool.api.crd import CRD_NAME, render_crd
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
-from rolloutpool.dev.localcluster.cluster import LocalCluster
-from rolloutpool.dev.stack import LocalStack, wait_until
+from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
+from rolloutpool.dev.wait import wait_until
 from rolloutpool.sim.workload import Lognormal, scenario
 
-__all__ = ["DemoPhases", "demo_pool", "examples_dir", "install_crd", "pool_table", "run_demo"]
+__all__ = ["DemoPhases", "demo_pool", "examples_dir", "pool_table", "run_demo"]
 
 POOL = "demo"
 """Name of the demo's RolloutPool (namespace ``default``)."""
@@ -42,12 +41,6 @@ def examples_dir() -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"examples folder not found at {path}; run the demo from a RolloutPool checkout")
     return path
-
-
-def install_crd(cluster: LocalCluster) -> None:
-    """Apply the generated CRD and wait until the API server serves it."""
-    cluster.kubectl("apply", "-f", "-", input_text=render_crd())
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
 def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.0) -> dict[str, Any]:
@@ -214,8 +207,10 @@ def run_demo(*, directory: Path, once: bool, console: Console, in_flight: int = 
     with LocalStack(directory, log=console.log) as stack:
         manifest = demo_pool(prometheus_url=stack.prometheus_url)
         console.log(stack.apply(yaml.safe_dump(manifest)))
-        wait_until("pool Ready", lambda: _ready(stack), timeout=300)
-        url = wait_until("router endpoint", lambda: stack.router_url(POOL), timeout=120)
+        wait_until(lambda: _ready(stack), what="pool Ready", timeout=300, interval=0.5, ignore=TRANSIENT_ERRORS)
+        url = wait_until(
+            lambda: stack.router_url(POOL), what="router endpoint", timeout=120, interval=0.5, ignore=TRANSIENT_ERRORS
+        )
         console.log(f"Pool ready; router at {url}; starting {in_flight} rollouts for {load_seconds:.0f}s")
         phases.mark("load")
         result: list[ClientResult] = []

@@ -14,16 +14,16 @@ import contextlib
 import json
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from rolloutpool.api.pods import is_ready
 from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
 
-__all__ = ["LocalStack", "chart_dir", "wait_until"]
+__all__ = ["TRANSIENT_ERRORS", "LocalStack", "chart_dir"]
 
 Log = Callable[[str], None]
 
@@ -36,20 +36,9 @@ def chart_dir() -> Path:
     return path
 
 
-def wait_until(what: str, check: Callable[[], Any], *, timeout: float, interval: float = 0.5) -> Any:
-    """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except (RuntimeError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-            last_error, value = exc, None
-        if value:
-            return value
-        time.sleep(interval)
-    detail = f" (last error: {last_error})" if last_error else ""
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (RuntimeError, subprocess.SubprocessError, ValueError, KeyError)
+"""What a check against the stack may raise while it comes up (kubectl failing, an object half written);
+``wait_until(..., ignore=TRANSIENT_ERRORS)`` counts them as \"not yet\"."""
 
 
 class LocalStack:
@@ -186,8 +175,7 @@ class LocalStack:
         target = (service["spec"].get("ports") or [{}])[0].get("targetPort")
         for pod in self.get_json("pods", "-n", namespace, "-l", selector).get("items", []):
             status = pod.get("status") or {}
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
-            if not ready or not status.get("podIP") or pod["metadata"].get("deletionTimestamp"):
+            if not is_ready(pod) or not status.get("podIP"):
                 continue
             ports = [p for c in pod["spec"]["containers"] for p in c.get("ports") or []]
             port = (

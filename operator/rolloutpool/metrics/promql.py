@@ -16,14 +16,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.autoscale import ReplicaSignals
-from rolloutpool.routing.weights import FLUSHING_OPERATIONS, WEIGHT_UPDATE_OPS_COUNT
+from rolloutpool.routing.weights import FLUSHING_OPERATIONS
 
 __all__ = [
-    "ENGINE_KV_USAGE",
-    "ENGINE_KV_USAGE_OLD",
-    "PREFIX_CACHE_HITS",
-    "PREFIX_CACHE_QUERIES",
     "QUERY_NAMES",
     "assemble_signals",
     "build_queries",
@@ -33,23 +30,6 @@ __all__ = [
     "sample_values",
 ]
 
-ENGINE_KV_USAGE: Final = "vllm:kv_cache_usage_perc"
-ENGINE_KV_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"
-PREFIX_CACHE_HITS: Final = (
-    "vllm:prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_hits_total",  # older V1 releases
-    "vllm:prefix_cache_hits",  # counters exposed without the _total suffix
-    "vllm:gpu_prefix_cache_hits",
-)
-"""The prefix-cache hit counter under each name vLLM releases exported, newest first."""
-PREFIX_CACHE_QUERIES: Final = (
-    "vllm:prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_queries_total",
-    "vllm:prefix_cache_queries",
-    "vllm:gpu_prefix_cache_queries",
-)
-"""The prefix-cache query counter under each name, newest first."""
-_WAITING: Final = "vllm:num_requests_waiting"
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
 QUERY_NAMES: Final = (
@@ -123,23 +103,25 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     flushing = promql_string(regex_alternation(sorted(FLUSHING_OPERATIONS)))
     return {
         "kv_usage": (
-            f"max by (pod) ({ENGINE_KV_USAGE}{{{engine}}}) or max by (pod) ({ENGINE_KV_USAGE_OLD}{{{engine}}})"
+            f"max by (pod) ({vm.KV_CACHE_USAGE}{{{engine}}}) or max by (pod) ({vm.GPU_CACHE_USAGE}{{{engine}}})"
         ),
-        "preemptions_per_s": _engine_sum(f"rate(vllm:num_preemptions_total{{{engine}}}[{w}])"),
-        "waiting": _engine_sum(f"{_WAITING}{{{engine}}}"),
+        "preemptions_per_s": _engine_sum(f"rate({vm.total(vm.NUM_PREEMPTIONS)}{{{engine}}}[{w}])"),
+        "waiting": _engine_sum(f"{vm.NUM_REQUESTS_WAITING}{{{engine}}}"),
         "prefix_hit_ratio": (
             "("
-            + _engine_sum_or_old(PREFIX_CACHE_HITS, f"{{{engine}}}[{w}]")
+            + _engine_sum_or_old(vm.PREFIX_CACHE_HITS_SAMPLES, f"{{{engine}}}[{w}]")
             + ") / ("
-            + _engine_sum_or_old(PREFIX_CACHE_QUERIES, f"{{{engine}}}[{w}]")
+            + _engine_sum_or_old(vm.PREFIX_CACHE_QUERIES_SAMPLES, f"{{{engine}}}[{w}]")
             + ")"
         ),
-        "cache_config": f"vllm:cache_config_info{{{engine}}}",
-        "engine_sampled_at": f"max by (pod) (timestamp({_WAITING}{{{engine}}}))",
+        "cache_config": f"{vm.CACHE_CONFIG_INFO}{{{engine}}}",
+        "engine_sampled_at": f"max by (pod) (timestamp({vm.NUM_REQUESTS_WAITING}{{{engine}}}))",
         "reprefill_tokens_per_s": _router_sum(f"rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}])"),
         "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
-        "weight_updates": _engine_sum(f"increase({WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"),
+        "weight_updates": _engine_sum(
+            f"increase({vm.RL_WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"
+        ),
     }
 
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutpool.reconcile.engines import is_terminating
+from rolloutpool.api.pods import is_terminating
 from rolloutpool.routing.fleetview import ANNOTATION_ROUTER
 
 __all__ = [

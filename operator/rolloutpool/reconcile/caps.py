@@ -168,7 +168,7 @@ def _timestamp(value: datetime | None) -> float | None:
 
 
 def _current_spelling(reason: str | None) -> str | None:
-    """A reason as this release spells it (a status written by an earlier one may say ``LivePrefixEviction``)."""
+    """A reason in its canonical spelling (a stored status may spell it ``LivePrefixEviction``)."""
     named = pressure_reason_named(reason)
     return named.value if named is not None else reason
 

@@ -21,13 +21,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rolloutpool.api.pods import is_ready, is_terminating
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.autoscale import MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
 from rolloutpool.reconcile.caps import controls_from_status, parse_spec
 from rolloutpool.reconcile.children import desired_engine_pods, needs_update, router_objects
 from rolloutpool.reconcile.control import ControlMemo, MetricsRead, metrics_due, remember_read, step_controls
-from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating, plan_engines
+from rolloutpool.reconcile.engines import EnginePlan, plan_engines
 from rolloutpool.reconcile.labels import ROUTER_PORT, draining_from_pods
 from rolloutpool.reconcile.status import build_status, events_between
 

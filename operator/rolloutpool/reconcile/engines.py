@@ -25,11 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rolloutpool.api.pods import is_ready, is_terminating, pod_name
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.reconcile.children import needs_update
 from rolloutpool.reconcile.labels import engine_index
 
-__all__ = ["DrainEnd", "DrainEndReason", "EnginePlan", "is_ready", "is_terminating", "plan_engines"]
+__all__ = ["DrainEnd", "DrainEndReason", "EnginePlan", "plan_engines"]
 
 DrainEndReason = Literal["Drained", "DrainTimeout", "Cancelled"]
 
@@ -74,24 +75,8 @@ class EnginePlan:
         return not (self.create or self.delete or self.start_drain or self.end_drain or self.quarantine or self.waiting)
 
 
-def is_terminating(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod is being deleted (pure)."""
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod's ``Ready`` condition is True and it is not being deleted (pure)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return ready and not is_terminating(pod)
-
-
 def _finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
-
-
-def _name(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("name", ""))
 
 
 @dataclass
@@ -161,7 +146,7 @@ def plan_engines(
     ``draining`` pod name -> unix time its drain started.
     """
     del spec  # the desired pods already carry everything the spec says
-    pods = {_name(pod): pod for pod in observed if _name(pod)}
+    pods = {pod_name(pod): pod for pod in observed if pod_name(pod)}
     plan = _Decisions(pods, live_sessions, draining, now, drain_timeout_seconds)
     present = sorted(name for name, pod in pods.items() if not is_terminating(pod))
     outdated = [n for n in present if n in desired and needs_update(observed=pods[n], desired=desired[n])]

@@ -20,12 +20,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from rolloutpool.api.pods import is_ready, is_terminating
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import estimated_kv_capacity_tokens
 from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_detail, set_condition
-from rolloutpool.reconcile.engines import EnginePlan, is_ready, is_terminating
+from rolloutpool.reconcile.engines import EnginePlan
 from rolloutpool.reconcile.labels import engine_index, engine_selector
 from rolloutpool.routing.discovery import replica_event
 

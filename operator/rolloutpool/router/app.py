@@ -31,7 +31,7 @@ from rolloutpool.router.api import SessionAPI
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.fleet import Fleet
-from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.router.proxy import JSON_PATHS, Proxy
 from rolloutpool.router.renewal import Renewer
 from rolloutpool.router.scrape import Scraper

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from rolloutpool.router.metrics import RouterMetrics
+from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.routing.reprefill import CachedTokensWatch
 
 __all__ = ["NO_CACHED_TOKENS", "PREFIX_CACHING_OFF", "observe_cached_report", "observe_prefix_caching"]

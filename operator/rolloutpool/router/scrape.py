@@ -17,17 +17,18 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.router.engine_reports import observe_prefix_caching
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.routing.weights import flush_operations_total
 
-__all__ = ["ReplicaSignals", "Scraper", "parse_signals", "scrape_timeout"]
+__all__ = ["ScrapedSignals", "Scraper", "parse_signals", "scrape_timeout"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ReplicaSignals:
+class ScrapedSignals:
     """KV-pressure signals of one scrape (summed over a replica's engines)."""
 
     waiting: float = 0.0
@@ -65,21 +66,17 @@ class ReplicaSignals:
 
 
 _SUMMED = {
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_requests_running": "running",
-    "vllm:num_preemptions_total": "preemptions_total",
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+    vm.NUM_REQUESTS_WAITING: "waiting",
+    vm.NUM_REQUESTS_RUNNING: "running",
+    vm.NUM_PREEMPTIONS_SAMPLES[0]: "preemptions_total",
+    vm.PREFIX_CACHE_QUERIES_SAMPLES[0]: "prefix_cache_queries_total",
+    vm.PREFIX_CACHE_HITS_SAMPLES[0]: "prefix_cache_hits_total",
 }
 _LEGACY = {
     # older vLLM releases: the V1 engine's first names, and counters exposed without ``_total``
-    "vllm:gpu_prefix_cache_queries_total": "prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits_total": "prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_queries": "prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits": "prefix_cache_hits_total",
-    "vllm:prefix_cache_queries": "prefix_cache_queries_total",
-    "vllm:prefix_cache_hits": "prefix_cache_hits_total",
-    "vllm:num_preemptions": "preemptions_total",
+    **dict.fromkeys(vm.PREFIX_CACHE_QUERIES_SAMPLES[1:], "prefix_cache_queries_total"),
+    **dict.fromkeys(vm.PREFIX_CACHE_HITS_SAMPLES[1:], "prefix_cache_hits_total"),
+    **dict.fromkeys(vm.NUM_PREEMPTIONS_SAMPLES[1:], "preemptions_total"),
 }
 """Read only when the current name of the same signal is absent from the scrape."""
 
@@ -91,9 +88,7 @@ def _int_label(value: str | None) -> int | None:
         return None
 
 
-_WANTED = frozenset(
-    (*_SUMMED, *_LEGACY, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
-)
+_WANTED = frozenset((*_SUMMED, *_LEGACY, vm.KV_CACHE_USAGE, vm.GPU_CACHE_USAGE, vm.CACHE_CONFIG_INFO))
 
 
 def scrape_timeout(*, interval_s: float, configured_s: float) -> float:
@@ -115,14 +110,14 @@ def _wanted_lines(text: str) -> str:
     """Only the samples we read: a real engine exposes hundreds of histogram buckets, parsing them all is slow."""
     keep = []
     for line in text.splitlines():
-        if line.startswith("vllm:"):
+        if line.startswith(vm.PREFIX):
             name = line.split("{", 1)[0].split(" ", 1)[0]
             if name in _WANTED:
                 keep.append(line)
     return "\n".join(keep) + "\n"
 
 
-def parse_signals(text: str) -> ReplicaSignals:
+def parse_signals(text: str) -> ScrapedSignals:
     """The signals in a vLLM ``/metrics`` text (pure). Raises ``ValueError`` on unparsable text."""
     text = _wanted_lines(text)
     sums = dict.fromkeys(_SUMMED.values(), 0.0)
@@ -142,11 +137,11 @@ def parse_signals(text: str) -> ReplicaSignals:
                 seen.add(_SUMMED[name])
             elif name in _LEGACY:
                 legacy[_LEGACY[name]] += value
-            elif name == "vllm:kv_cache_usage_perc":
+            elif name == vm.KV_CACHE_USAGE:
                 usage = value if usage is None else max(usage, value)
-            elif name == "vllm:gpu_cache_usage_perc":
+            elif name == vm.GPU_CACHE_USAGE:
                 legacy_usage = value if legacy_usage is None else max(legacy_usage, value)
-            elif name == "vllm:cache_config_info":
+            elif name == vm.CACHE_CONFIG_INFO:
                 block_size = _int_label(sample.labels.get("block_size"))
                 blocks = _int_label(sample.labels.get("num_gpu_blocks"))
                 if blocks is not None:
@@ -156,7 +151,7 @@ def parse_signals(text: str) -> ReplicaSignals:
     for key, value in legacy.items():
         if key not in seen:
             sums[key] = value
-    return ReplicaSignals(
+    return ScrapedSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,

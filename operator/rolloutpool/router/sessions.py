@@ -27,7 +27,7 @@ from rolloutpool.router.admission import (
 )
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
 from rolloutpool.router.engine_reports import observe_cached_report
-from rolloutpool.router.metrics import ReplicaGauges, RouterMetrics
+from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics
 from rolloutpool.router.trace_writer import TraceWriter
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit

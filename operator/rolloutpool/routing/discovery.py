@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rolloutpool.api.pods import has_ready_condition
 from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.routing.caps import CapRule, effective_cap
 
@@ -29,10 +30,6 @@ class ReplicaEvent:
     reason: str
     """Why it is (not) routable: Ready, NotReady, NoIP, Terminating, Deleted; ``Synced`` (no name)
     marks the end of a full listing."""
-
-
-def _ready(status: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def _port(pod: dict[str, Any], port_name: str, default: int) -> int:
@@ -59,7 +56,7 @@ def replica_event(
         return ReplicaEvent(name, None, False, "NoIP")
     host = f"[{ip}]" if ":" in ip else ip  # an IPv6 address needs brackets in a URL
     url = f"http://{host}:{_port(pod, port_name, default_port)}"
-    if not _ready(status):
+    if not has_ready_condition(pod):
         return ReplicaEvent(name, url, False, "NotReady")
     return ReplicaEvent(name, url, True, "Ready")
 

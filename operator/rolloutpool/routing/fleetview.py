@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rolloutpool.api.pods import is_ready, pod_name
 from rolloutpool.routing.discovery import ReplicaEvent, replica_event
 from rolloutpool.routing.ring import HashRing
 
@@ -51,19 +52,6 @@ class FleetView:
         return None if engine is None else self.owners[engine]
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _terminating(pod: Mapping[str, Any]) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _name(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("name", ""))
-
-
 def _assigned(pod: Mapping[str, Any]) -> str | None:
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_ROUTER)
     return str(value) if value else None
@@ -93,11 +81,11 @@ def fleet_view(
     peers: dict[str, str] = {}
     for pod in router_pods:
         url = pod_url(pod, default_port=router_port)
-        if url and _ready(pod) and not _terminating(pod):
-            peers[_name(pod)] = url
-    owners = {_name(pod): owner for pod in engines if (owner := _assigned(pod)) in peers}
+        if url and is_ready(pod):
+            peers[pod_name(pod)] = url
+    owners = {pod_name(pod): owner for pod in engines if (owner := _assigned(pod)) in peers}
     mine = {
-        _name(pod): replica_event("ADDED", dict(pod), default_port=engine_port)
+        pod_name(pod): replica_event("ADDED", dict(pod), default_port=engine_port)
         for pod in engines
         if _assigned(pod) == self_name
     }

@@ -24,11 +24,11 @@ class PressureReason(StrEnum):
 
 
 LEGACY_SPELLINGS: dict[str, PressureReason] = {"LivePrefixEviction": PressureReason.EVICTING}
-"""Names earlier releases wrote for a reason (the control law's status ``reason``), read back as today's."""
+"""Other spellings of a reason a stored status may carry (the control law's ``reason``), read as the reason named."""
 
 
 def pressure_reason_named(text: str | None) -> PressureReason | None:
-    """The pressure reason ``text`` names (today's spelling or a legacy one), None for any other text (pure)."""
+    """The pressure reason ``text`` names (canonical or in :data:`LEGACY_SPELLINGS`), None for any other text (pure)."""
     if text is None:
         return None
     legacy = LEGACY_SPELLINGS.get(text)

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from rolloutpool.routing.pressure import PressureReason
+
 __all__ = ["PressureState", "QuarantineConfig", "expected_cached_tokens"]
 
 
@@ -92,7 +94,7 @@ class PressureState:
             while self.evicted and self.evicted[0][0] < now - cfg.window_seconds:
                 self.evicted_sum -= self.evicted.popleft()[1]
             if self.evicted_sum >= cfg.min_window_tokens:
-                self._pressure(now, "Evicting")
+                self._pressure(now, PressureReason.EVICTING)
         return shortfall
 
     def observe_scrape(
@@ -100,12 +102,12 @@ class PressureState:
     ) -> None:
         """A scrape of the engine's metrics (``kv_usage``: 0..1, None when the scrape lacks it)."""
         if self.last_preemptions is not None and preemptions_total > self.last_preemptions:
-            self._pressure(now, "Preempting")
+            self._pressure(now, PressureReason.PREEMPTING)
         self.last_preemptions = preemptions_total
         full = kv_usage is None or kv_usage >= self.config.queue_kv_usage
         self.waiting_streak = self.waiting_streak + 1 if waiting > 0 and full else 0
         if self.waiting_streak >= self.config.waiting_scrapes:
-            self._pressure(now, "Queueing")
+            self._pressure(now, PressureReason.QUEUEING)
         if self.quarantined and now - self.last_pressure >= self.config.hold_seconds:
             self.quarantined = False
             self.reason = None

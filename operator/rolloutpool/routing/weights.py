@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rolloutpool.api.vllm_metrics import RL_WEIGHT_UPDATE_OPS_COUNT
+from rolloutpool.routing.pressure import PressureReason
 from rolloutpool.routing.quarantine import PressureState
 
 __all__ = [
     "FLUSHING_OPERATIONS",
     "WEIGHT_SYNC_CALLS",
-    "WEIGHT_UPDATE_OPS_COUNT",
     "TurnMark",
     "WeightConfig",
     "WeightTracker",
@@ -62,9 +63,7 @@ WEIGHT_SYNC_CALLS = (
 FLUSHING_OPERATIONS = frozenset({"pause", "update_weights", "reset_prefix_cache"})
 """``operation`` labels of ``vllm:rl_weight_update_*`` that may clear the prefix cache."""
 
-WEIGHT_UPDATE_OPS_COUNT = "vllm:rl_weight_update_operation_duration_seconds_count"
-"""vLLM 0.32's count of RL weight-sync operations, by ``operation`` (read by the router's scrape and the law)."""
-_OPS_COUNT = WEIGHT_UPDATE_OPS_COUNT
+_OPS_COUNT = RL_WEIGHT_UPDATE_OPS_COUNT
 
 TurnMark = tuple[str, int, str | None]
 """What a session's last answered turn left: (replica, the replica's flush epoch when it ended, cache_salt)."""
@@ -132,7 +131,7 @@ def law_holds(*, weight_updates: float | None, reason: str | None) -> bool:
     return reason in _BURST_REASONS and (weight_updates or 0.0) > 0
 
 
-_BURST_REASONS = frozenset({"Preempting", "Queueing"})
+_BURST_REASONS = frozenset({PressureReason.PREEMPTING, PressureReason.QUEUEING})
 
 
 def observe_scrape_excused(state: PressureState, *, now: float, preemptions_total: float) -> None:

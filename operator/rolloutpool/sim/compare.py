@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
-from rolloutpool.sim.metrics import RunResult
+from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
 from rolloutpool.sim.workload import scenario
 

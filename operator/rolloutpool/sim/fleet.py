@@ -29,8 +29,8 @@ from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import Session
 from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
-from rolloutpool.sim.metrics import RunResult, Sample, summarize
 from rolloutpool.sim.renewal import SimRenewals
+from rolloutpool.sim.results import RunResult, Sample, summarize
 from rolloutpool.sim.trace_feed import TrajectoryFeed, TurnRecorder
 from rolloutpool.sim.weights import SimWeightUpdates
 from rolloutpool.sim.workload import Trajectory, TrajectorySource

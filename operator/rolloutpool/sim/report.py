@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
-from rolloutpool.sim.metrics import RunResult
+from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job
 
 __all__ = ["markdown_from_json", "ratios", "results_json", "results_table", "write_plots"]

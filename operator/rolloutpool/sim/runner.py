@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from rolloutpool.capacity import conservative_cap
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
-from rolloutpool.sim.metrics import RunResult
+from rolloutpool.sim.results import RunResult
 
 __all__ = ["Job", "fleet_floor", "plan_jobs", "run_jobs"]
 

@@ -24,7 +24,7 @@ from rolloutpool.routing.quarantine import expected_cached_tokens
 from rolloutpool.routing.trace import Trace, TurnLine
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy
-from rolloutpool.sim.metrics import RunResult
+from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.trace_feed import TraceLog, TraceSource, episodes, peak_concurrency
 from rolloutpool.sim.workload import Scenario
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rolloutpool.engine.model.core import Request
+from rolloutpool.routing.pressure import PressureReason
 from rolloutpool.routing.weights import WeightConfig, WeightTracker
 
 if TYPE_CHECKING:
     from rolloutpool.engine.model.core import Engine
     from rolloutpool.sim.adaptive import AdaptiveCaps
-    from rolloutpool.sim.metrics import RunResult
+    from rolloutpool.sim.results import RunResult
 
 __all__ = [
     "SimWeightUpdates",
@@ -211,7 +212,7 @@ def law_cuts_after_flushes(
     for t, replica, cap, reason in points:
         before = last.get(replica)
         last[replica] = cap
-        if before is None or cap >= before or reason not in {"Queueing", "Preempting"}:
+        if before is None or cap >= before or reason not in {PressureReason.QUEUEING, PressureReason.PREEMPTING}:
             continue
         if any(0 <= t - f <= window_s for f in flush_times):
             cuts += 1

@@ -21,8 +21,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rolloutpool.dev.bench.conformance_probe import CACHE_LABELS, READ_METRICS, Observation, TraceShape, probe
-from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig, free_port
+from rolloutpool.api import vllm_metrics as vm
+from rolloutpool.dev.bench.conformance_probe import CACHE_LABELS, Observation, TraceShape, probe
+from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
+from rolloutpool.dev.net import free_port
 from rolloutpool.engine.server.app import ServerConfig, build_app
 
 __all__ = ["NOT_MODELLED", "Row", "compare", "main", "render", "run"]
@@ -99,9 +101,9 @@ def _chat_rule(turns: list[list[tuple[int, int]]], block: int) -> tuple[int, int
 def compare(real: Observation, sim: Observation) -> list[Row]:
     """The table's rows (pure)."""
     rows: list[Row] = []
-    for name in READ_METRICS:
+    for name in vm.ENGINE_FAMILIES:
         a, b = real.metrics.get(name, "missing"), sim.metrics.get(name, "missing")
-        if name == "vllm:cache_config_info" and isinstance(a, tuple) and isinstance(b, tuple):
+        if name == vm.CACHE_CONFIG_INFO and isinstance(a, tuple) and isinstance(b, tuple):
             # an info gauge: the project reads a few labels (rows below); vLLM has many more
             read = ("gauge", tuple(sorted(CACHE_LABELS)))
             a_r = (a[0], tuple(k for k in a[1] if k in CACHE_LABELS))

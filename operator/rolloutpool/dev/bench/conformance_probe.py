@@ -18,27 +18,9 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["CACHE_LABELS", "ERROR_CASES", "READ_METRICS", "Observation", "TraceShape", "probe"]
+from rolloutpool.api import vllm_metrics as vm
 
-READ_METRICS = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:num_preemptions",
-    "vllm:prompt_tokens",
-    "vllm:prompt_tokens_cached",
-    "vllm:generation_tokens",
-    "vllm:request_success",
-    "vllm:time_to_first_token_seconds",
-    "vllm:e2e_request_latency_seconds",
-    "vllm:inter_token_latency_seconds",
-    "vllm:request_num_preemptions",
-    "vllm:num_requests_waiting_by_reason",
-    "vllm:cache_config_info",
-)
-"""Families the router (``router/scrape.py``), the operator (``metrics/promql.py``) or the dashboards read."""
+__all__ = ["CACHE_LABELS", "ERROR_CASES", "Observation", "TraceShape", "probe"]
 
 CACHE_LABELS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "kv_cache_size_tokens", "engine")
 
@@ -137,12 +119,12 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
     common = {"model": model, "ignore_eos": True}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         fams = await _scrape(http, base)
-        for name in READ_METRICS:
+        for name in vm.ENGINE_FAMILIES:
             fam = fams.get(name)
             if fam is not None:
                 labels = sorted({k for s in fam.samples for k in s.labels if k not in ("le", "quantile")})
                 obs.metrics[name] = (fam.type, tuple(labels))
-        info = fams.get("vllm:cache_config_info")
+        info = fams.get(vm.CACHE_CONFIG_INFO)
         if info is not None and info.samples:
             obs.cache_config = {k: info.samples[0].labels.get(k, "") for k in CACHE_LABELS}
 
@@ -192,10 +174,10 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
         before = await _scrape(http, base)
         obs.evict_turns = await _sessions(http, url, common, evict)
         after = await _scrape(http, base)
-        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens"):
+        for name in (vm.PREFIX_CACHE_QUERIES, vm.PREFIX_CACHE_HITS, vm.PROMPT_TOKENS):
             obs.counters[name] = _total(after, name) - _total(before, name)
-        obs.counters["vllm:prompt_tokens_cached"] = _total(after, "vllm:prompt_tokens_cached") - _total(
-            before, "vllm:prompt_tokens_cached"
+        obs.counters[vm.PROMPT_TOKENS_CACHED] = _total(after, vm.PROMPT_TOKENS_CACHED) - _total(
+            before, vm.PROMPT_TOKENS_CACHED
         )
 
         for label, path, err_body in ERROR_CASES:

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rolloutpool.dev.bench.processes import LOOPBACK, ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.reconcile.assignment import assign_engines
 from rolloutpool.routing.fleetview import static_view
 

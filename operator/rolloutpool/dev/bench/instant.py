@@ -15,13 +15,15 @@ import sys
 
 from aiohttp import web
 
+from rolloutpool.api import vllm_metrics as vm
+
 __all__ = ["build_app", "main"]
 
 _ANSWER = (
     b'{"id":"cmpl-instant","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
     b'"text":" ok","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
 )
-_METRICS = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:num_preemptions_total 0\n"
+_METRICS = f"{vm.NUM_REQUESTS_RUNNING} 0\n{vm.NUM_REQUESTS_WAITING} 0\n{vm.total(vm.NUM_PREEMPTIONS)} 0\n".encode()
 _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 
 

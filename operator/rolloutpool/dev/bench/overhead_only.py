@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from rolloutpool.dev.bench.peers import RouterLaunch, vllm_router_argv
-from rolloutpool.dev.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.bench.wrk import WrkResult, acceptance, lua_script, median_of, parse_wrk
+from rolloutpool.dev.net import LOOPBACK, free_port
+from rolloutpool.dev.processes import pid_alive
 
 __all__ = ["DIRECT", "OURS", "PEER", "OverheadOnlyConfig", "run_overhead_only"]
 

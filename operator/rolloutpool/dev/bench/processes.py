@@ -10,32 +10,23 @@ is the last safety net for groups still alive when the interpreter exits.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+
+from rolloutpool.dev.processes import start_group, stop_group
 
 __all__ = [
-    "LOOPBACK",
     "ManagedProcess",
     "ProcessSet",
     "ReadinessError",
-    "free_port",
-    "pid_alive",
     "rolloutpool_argv",
 ]
-
-LOOPBACK = "127.0.0.1"
-"""The only address the benchmark binds or connects to."""
 
 _LIVE: dict[int, ManagedProcess] = {}
 
@@ -44,32 +35,9 @@ class ReadinessError(RuntimeError):
     """A child did not become ready in time (or exited first)."""
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback address right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def rolloutpool_argv(*args: str) -> list[str]:
     """The command line running ``rolloutpool ARGS`` with this interpreter."""
     return [sys.executable, "-c", "from rolloutpool.cli import main; main()", *args]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (and is not a zombie of ours)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - exists, owned by someone else
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):  # pragma: no cover - no procfs
-        return True
 
 
 @dataclass
@@ -81,7 +49,6 @@ class ManagedProcess:
     ready_url: str
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -92,11 +59,7 @@ class ManagedProcess:
 
     def start(self) -> None:
         """Start the child in its own session, output to its log file."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.popen = start_group(self.argv, log=self.log_path)
         _LIVE[self.popen.pid] = self
 
     def wait_ready(self, *, timeout_s: float, interval_s: float = 0.1) -> None:
@@ -120,21 +83,8 @@ class ManagedProcess:
         """SIGTERM the group, SIGKILL it after ``grace_s``, reap the child; idempotent."""
         popen = self.popen
         if popen is not None:
-            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(popen.pid, sig)
-                try:
-                    popen.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            # the leader is gone; make sure nothing else of its group survives
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(popen.pid, signal.SIGKILL)
+            stop_group(popen.pid, grace=grace_s, popen=popen)
             _LIVE.pop(popen.pid, None)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 class ProcessSet:

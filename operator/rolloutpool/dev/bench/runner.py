@@ -17,11 +17,14 @@ from pathlib import Path
 
 import aiohttp
 
+from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.capacity import conservative_cap
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
 from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
-from rolloutpool.dev.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.net import LOOPBACK, free_port
+from rolloutpool.dev.processes import pid_alive
 from rolloutpool.sim.workload import Lognormal, Scenario
 
 __all__ = [
@@ -38,10 +41,10 @@ __all__ = [
 
 Progress = Callable[[str], None]
 _COUNTERS = (
-    "vllm:generation_tokens_total",
-    "vllm:num_preemptions_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_queries_total",
+    vm.total(vm.GENERATION_TOKENS),
+    vm.total(vm.NUM_PREEMPTIONS),
+    vm.total(vm.PREFIX_CACHE_HITS),
+    vm.total(vm.PREFIX_CACHE_QUERIES),
 )
 
 
@@ -185,13 +188,13 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
     window = result.window_end - result.window_start
     sim_window = window * ts
     times = [t for t in (r.sim_seconds(ts) for r in result.completed) if t is not None]
-    queries = deltas["vllm:prefix_cache_queries_total"]
+    queries = deltas[vm.total(vm.PREFIX_CACHE_QUERIES)]
     return RouterRun(
         router=name,
         in_flight=config.resolved_in_flight,
         window_wall_s=window,
-        generated_tokens=round(deltas["vllm:generation_tokens_total"]),
-        tokens_per_s=deltas["vllm:generation_tokens_total"] / sim_window if sim_window else 0.0,
+        generated_tokens=round(deltas[vm.total(vm.GENERATION_TOKENS)]),
+        tokens_per_s=deltas[vm.total(vm.GENERATION_TOKENS)] / sim_window if sim_window else 0.0,
         started=len(result.trajectories),
         completed=len(result.completed),
         completed_per_hour=len(result.completed) / sim_window * 3600 if sim_window else 0.0,
@@ -199,8 +202,8 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
         reprefilled_tokens=result.reprefilled_tokens,
         prompt_tokens=sum(t.prompt_tokens for t in result.turns),
         cached_tokens=sum(t.cached_tokens for t in result.turns),
-        preemptions=round(deltas["vllm:num_preemptions_total"]),
-        prefix_hit_ratio=deltas["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
+        preemptions=round(deltas[vm.total(vm.NUM_PREEMPTIONS)]),
+        prefix_hit_ratio=deltas[vm.total(vm.PREFIX_CACHE_HITS)] / queries if queries else 0.0,
         p50_trajectory_s=statistics.median(times) if times else None,
         p90_trajectory_s=percentile(times, 0.9) if times else None,
         retries=result.retries,

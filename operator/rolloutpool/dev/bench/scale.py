@@ -56,7 +56,7 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
 ) -> dict[str, Any]:
     """Fill one router's state to ``sessions`` live sessions and time placements at that size."""
     from rolloutpool.router.config import ReplicaSpec, RouterConfig  # noqa: PLC0415
-    from rolloutpool.router.metrics import RouterMetrics  # noqa: PLC0415
+    from rolloutpool.router.instruments import RouterMetrics  # noqa: PLC0415
     from rolloutpool.router.sessions import SessionManager  # noqa: PLC0415
     from rolloutpool.routing.events import Bound  # noqa: PLC0415
     from rolloutpool.routing.policies import Placement  # noqa: PLC0415

@@ -11,10 +11,8 @@ the next tick.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import http.client
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -33,22 +31,12 @@ from rolloutpool.dev.kubelet.status import (
     probe_step,
     will_restart,
 )
+from rolloutpool.dev.processes import signal_group, start_group
 
 __all__ = ["ContainerRun", "Launch", "PodRun", "run_probe"]
 
 _log = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1
 _RESET_AFTER_SECONDS = 600.0  # a container that ran this long starts its back-off afresh
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 @dataclass(frozen=True)
@@ -180,14 +168,14 @@ class PodRun:
             self._reap(run, now)
             if self.terminating_until is not None:
                 if run.proc is not None and now >= self.terminating_until:
-                    _signal_group(run.proc.pid, signal.SIGKILL)
+                    signal_group(run.proc.pid, signal.SIGKILL)
                 continue
             if run.proc is None and run.view.state == "waiting" and now >= run.next_start:
                 self._start(run, now)
             if run.proc is not None:
                 self._probe(run, now, executor)
                 if run.kill_deadline is not None and now >= run.kill_deadline:
-                    _signal_group(run.proc.pid, signal.SIGKILL)
+                    signal_group(run.proc.pid, signal.SIGKILL)
 
     def terminate(self, *, now: float, grace_seconds: float) -> None:
         """Begin graceful termination: SIGTERM every process; SIGKILL what is left after the grace."""
@@ -200,13 +188,13 @@ class PodRun:
             for run in self.containers:
                 if run.proc is not None:
                     _log.info("Killing container pod=%s container=%s grace=%ss", self.key, run.name, grace_seconds)
-                    _signal_group(run.proc.pid, signal.SIGTERM)
+                    signal_group(run.proc.pid, signal.SIGTERM)
 
     def kill_now(self) -> None:
         """SIGKILL every process group of the pod and reap them (used when stopping the kubelet)."""
         for run in self.containers:
             if run.proc is not None:
-                _signal_group(run.proc.pid, signal.SIGKILL)
+                signal_group(run.proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     run.proc.wait(timeout=5)
                 run.proc = None
@@ -244,7 +232,7 @@ class PodRun:
         if run.proc is None or run.proc.poll() is None:
             return
         code = run.proc.returncode
-        _signal_group(run.proc.pid, signal.SIGKILL)  # stray children of the container
+        signal_group(run.proc.pid, signal.SIGKILL)  # stray children of the container
         run.proc = None
         for future in run.pending.values():
             future.cancel()
@@ -296,7 +284,7 @@ class PodRun:
                 grace = float(probe.get("terminationGracePeriodSeconds", self.grace_seconds))
                 _log.info("Container failed %s, will be restarted pod=%s container=%s", kind, self.key, run.name)
                 run.kill_deadline = now + grace
-                _signal_group(run.proc.pid, signal.SIGTERM)
+                signal_group(run.proc.pid, signal.SIGTERM)
         if run.kill_deadline is not None:
             return
         wanted = ["startupProbe"] if not run.view.started else ["livenessProbe", "readinessProbe"]
@@ -313,15 +301,6 @@ class PodRun:
 
 
 def _spawn(launch: Launch) -> subprocess.Popen[bytes]:
-    launch.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(launch.log, "ab") as log:
-        return subprocess.Popen(
-            launch.argv,
-            env=launch.env,
-            cwd=launch.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks
-        )
+    return start_group(
+        launch.argv, log=launch.log, append=True, env=launch.env, cwd=launch.cwd, die_with_parent=signal.SIGKILL
+    )

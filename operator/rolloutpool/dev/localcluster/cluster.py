@@ -13,12 +13,10 @@ records their process groups in ``<dir>/pids.json`` so ``down`` can stop them la
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -32,43 +30,12 @@ import yaml
 
 from rolloutpool.dev.localcluster.build import Binaries, ensure_binaries
 from rolloutpool.dev.localcluster.certs import PkiPaths, write_pki
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import start_group, stop_group
 
-__all__ = ["LocalCluster", "free_port", "stop_recorded"]
+__all__ = ["LocalCluster", "stop_recorded"]
 
-_PR_SET_PDEATHSIG = 1
 Log = Callable[[str], None]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _stop_group(pid: int, *, grace: float = 10.0) -> None:
-    """SIGTERM a process group, wait, then SIGKILL what is left."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def stop_recorded(directory: Path) -> list[str]:
@@ -78,7 +45,7 @@ def stop_recorded(directory: Path) -> list[str]:
         return []
     pids: dict[str, int] = json.loads(record.read_text())
     for pid in reversed(list(pids.values())):
-        _stop_group(pid)
+        stop_group(pid)
     record.unlink()
     return list(pids)
 
@@ -185,9 +152,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop every component, newest first; safe to call twice."""
         for name in reversed(list(self._procs)):
-            _stop_group(self._procs[name].pid)
-            with contextlib.suppress(Exception):
-                self._procs[name].wait(timeout=5)
+            stop_group(self._procs[name].pid, popen=self._procs[name])
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.directory / "pids.json").unlink()
@@ -208,17 +173,8 @@ class LocalCluster:
         return self.pki
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        logfile = open(self.directory / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            argv,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=None if self.detach else _die_with_parent,  # noqa: PLW1509 - prctl only, no locks
-        )
-        logfile.close()
-        self._procs[name] = proc
+        log = self.directory / "logs" / f"{name}.log"
+        self._procs[name] = start_group(argv, log=log, die_with_parent=None if self.detach else signal.SIGTERM)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from rolloutpool.dev.localcluster.cluster import LocalCluster, _die_with_parent, _stop_group, free_port
+from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.localcluster.prometheus_discovery import (
     DEFAULT_BINARY,
     PodDiscoveryBridge,
@@ -39,6 +40,8 @@ from rolloutpool.dev.localcluster.prometheus_discovery import (
     pod_targets,
     static_scrape_config,
 )
+from rolloutpool.dev.net import free_port
+from rolloutpool.dev.processes import start_group, stop_group
 
 __all__ = [
     "DEFAULT_BINARY",
@@ -115,22 +118,19 @@ class PrometheusServer:
             self.port = free_port()
         config_file = self.directory / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        with (self.directory / "prometheus.log").open("ab") as log:
-            self._proc = subprocess.Popen(
-                [
-                    str(binary),
-                    f"--config.file={config_file}",
-                    f"--storage.tsdb.path={self.directory / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1d",
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks
-            )
+        self._proc = start_group(
+            [
+                str(binary),
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={self.directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+            log=self.directory / "prometheus.log",
+            append=True,
+            die_with_parent=signal.SIGTERM,
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -144,9 +144,7 @@ class PrometheusServer:
         Removes a temporary directory unless ``keep_data`` (what :meth:`restart` uses).
         """
         if self._proc is not None:
-            _stop_group(self._proc.pid, grace=10.0)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
+            stop_group(self._proc.pid, grace=10.0, popen=self._proc)
             self._proc = None
         if not keep_data and self._directory is not None and self._given_directory is None:
             shutil.rmtree(self._directory, ignore_errors=True)

@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rolloutpool.dev.localcluster.vllm_env import VllmEnv, ensure_vllm, vllm_env
+from rolloutpool.dev.processes import start_group, stop_group
 
 __all__ = [
     "MODEL_RECIPE",
@@ -30,7 +30,6 @@ __all__ = [
     "VllmServer",
     "VllmServerConfig",
     "ensure_tiny_model",
-    "free_port",
     "server_command",
     "server_environment",
 ]
@@ -144,14 +143,6 @@ def server_environment(cfg: VllmServerConfig) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 class VllmServer:
     """A real vLLM process serving the tiny model; a context manager that waits for ``/health``."""
 
@@ -174,10 +165,7 @@ class VllmServer:
         model = ensure_tiny_model(self.env, log=self._log)
         cmd = server_command(self.env.python, model, self.cfg)
         started = time.monotonic()
-        with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=server_environment(self.cfg), start_new_session=True
-            )
+        self.proc = start_group(cmd, log=self.log_path, env=server_environment(self.cfg))
         while time.monotonic() - started < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode} during start-up:\n{self._tail()}")
@@ -193,14 +181,7 @@ class VllmServer:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc.pid, grace=30.0, popen=proc)
 
     def _tail(self, lines: int = 40) -> str:
         try:

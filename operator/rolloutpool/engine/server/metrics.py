@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.engine.model.core import Engine
 
 __all__ = [
@@ -142,14 +143,14 @@ class _EngineCollector(Collector):
         engine, labels, created = m.engine, m.label_values, m.created
         waiting = float(len(engine.waiting))
         yield _gauge(
-            "vllm:num_requests_running",
+            vm.NUM_REQUESTS_RUNNING,
             "Number of requests in model execution batches.",
             labels,
             float(len(engine.running)),
         )
-        yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, waiting)
+        yield _gauge(vm.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", labels, waiting)
         by_reason = GaugeMetricFamily(
-            "vllm:num_requests_waiting_by_reason",
+            vm.NUM_REQUESTS_WAITING_BY_REASON,
             "Number of requests waiting to be processed, by the reason they wait.",
             labels=[*_LABELS, "reason"],
         )
@@ -157,39 +158,37 @@ class _EngineCollector(Collector):
         by_reason.add_metric([*labels, "deferred"], 0.0)
         yield by_reason
         usage = engine.pool.usage
-        yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, usage)
-        yield _gauge(
-            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", labels, usage
-        )
+        yield _gauge(vm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.", labels, usage)
+        yield _gauge(vm.GPU_CACHE_USAGE, "GPU KV-cache usage (older name). 1 means 100 percent usage.", labels, usage)
         c = engine.counters
         counters = (
             (
-                "vllm:prefix_cache_queries",
+                vm.PREFIX_CACHE_QUERIES,
                 "Prefix cache queries, in terms of number of queried tokens.",
                 c.prefix_queries,
             ),
-            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits),
-            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions),
-            ("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens),
+            (vm.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits),
+            (vm.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.", c.preemptions),
+            (vm.PROMPT_TOKENS, "Number of prefill tokens processed.", c.prompt_tokens),
             (
-                "vllm:prompt_tokens_cached",
+                vm.PROMPT_TOKENS_CACHED,
                 "Number of cached prompt tokens (local + external).",
                 c.prompt_tokens_cached,
             ),
-            ("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens),
+            (vm.GENERATION_TOKENS, "Number of generation tokens processed.", c.generation_tokens),
         )
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, float(value), created=created)
             yield family
         success = CounterMetricFamily(
-            "vllm:request_success", "Count of successfully processed requests.", labels=[*_LABELS, "finished_reason"]
+            vm.REQUEST_SUCCESS, "Count of successfully processed requests.", labels=[*_LABELS, "finished_reason"]
         )
         for reason in FINISH_REASONS:
             success.add_metric([*labels, reason], float(m.finished[reason]), created=created)
         yield success
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(m.cache_info.labels)
+            vm.CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig", labels=list(m.cache_info.labels)
         )
         info.add_metric(list(m.cache_info.labels.values()), 1.0)
         yield info
@@ -217,17 +216,11 @@ class EngineMetrics:
             metric = Histogram(name, doc, labelnames=_LABELS, buckets=buckets, registry=self.registry)
             return metric.labels(*self.label_values)
 
-        self.ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
-        )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
-        )
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
-        )
+        self.ttft = histogram(vm.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = histogram(vm.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = histogram(vm.E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", E2E_BUCKETS)
         self.preemptions = histogram(
-            "vllm:request_num_preemptions", "Number of preemptions per finished request.", PREEMPTION_BUCKETS
+            vm.REQUEST_NUM_PREEMPTIONS, "Number of preemptions per finished request.", PREEMPTION_BUCKETS
         )
 
     def observe_itl(self, seconds: float, count: int) -> None:

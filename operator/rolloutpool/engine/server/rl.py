@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import Gauge, Histogram
 
+from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.engine.model.tokenizer import detokenize, generate_ids
 from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
 from rolloutpool.engine.server.rl_protocol import (
@@ -104,14 +105,14 @@ class RLControl:
         self._spans: dict[Job, list[Span]] = {}
         registry = runner.metrics.registry
         self.durations = Histogram(
-            "vllm:rl_weight_update_operation_duration_seconds",
+            vm.RL_WEIGHT_UPDATE_DURATION,
             "Duration of RL weight-update control operations in seconds.",
             labelnames=["model_name", "operation"],
             buckets=_DURATION_BUCKETS,
             registry=registry,
         )
         self.in_flight = Gauge(
-            "vllm:rl_weight_update_operations_in_flight",
+            vm.RL_WEIGHT_UPDATE_IN_FLIGHT,
             "RL weight-update control operations in flight.",
             labelnames=["model_name", "operation"],
             registry=registry,

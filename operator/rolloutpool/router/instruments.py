@@ -22,11 +22,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rolloutpool.routing.pressure import PressureReason
+
 __all__ = ["PREFIX", "PRESSURE_REASONS", "ReplicaGauges", "RouterMetrics"]
 
 PREFIX = "rolloutpool_router_"
 
-PRESSURE_REASONS = ("Evicting", "Preempting", "Queueing")
+PRESSURE_REASONS: tuple[str, ...] = tuple(PressureReason)
 """Reasons of the router's fast quarantine (``routing.quarantine.PressureState``): always exposed, 0 or 1."""
 
 _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -79,7 +81,7 @@ class _TableCollector(Collector):
             gauges["ready"].add_metric([r.name], float(r.ready))
             gauges["draining"].add_metric([r.name], float(r.draining))
             gauges["inflight"].add_metric([r.name], r.inflight)
-            reasons = list(PRESSURE_REASONS)
+            reasons: list[str] = list(PRESSURE_REASONS)
             if r.pressure is not None and r.pressure not in reasons:
                 reasons.append(r.pressure)  # a reason added later is exposed, not hidden
             for reason in reasons:
