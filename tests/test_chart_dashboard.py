@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from poolcases import ROOT
 from rolloutpool.engine.model.core import Engine, EngineConfig
-from rolloutpool.engine.server.metrics import CacheConfigInfo, EngineMetrics
+from rolloutpool.engine.server.instruments import CacheConfigInfo, EngineMetrics
 from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics
 
 DASHBOARD = ROOT / "charts" / "rolloutpool" / "dashboards" / "rolloutpool.json"

@@ -30,7 +30,7 @@ from rolloutpool.engine.model.core import EngineConfig
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.tokenizer import generate_ids
 from rolloutpool.engine.server.calls import Call, StreamState, final_body, parse_call
-from rolloutpool.engine.server.metrics import CacheConfigInfo
+from rolloutpool.engine.server.instruments import CacheConfigInfo
 from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
 from rolloutpool.engine.server.rl import install_rl_api
 from rolloutpool.engine.server.rl_protocol import salt_hash

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.hashing import hash_token_blocks
-from rolloutpool.engine.server.metrics import CacheConfigInfo, EngineMetrics
+from rolloutpool.engine.server.instruments import CacheConfigInfo, EngineMetrics
 
 __all__ = ["EngineRunner", "Job"]
 
