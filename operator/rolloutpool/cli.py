@@ -22,6 +22,7 @@ from rolloutpool.localcluster.kubelet_cli import kubelet_command
 from rolloutpool.operator_command import operator_command
 from rolloutpool.planner import PlanInputs, plan_rows
 from rolloutpool.sim.cli_command import caps_command, compare_command
+from rolloutpool.sim.simulate_run import DEFAULT_DURATION_S, replica_options
 
 __all__ = ["main"]
 
@@ -386,16 +387,22 @@ def router_command(
     help="Your own workload (YAML, see rolloutpool.sim.workload_file) instead of --scenario.",
 )
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
-@click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
-@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=7200.0, show_default=True)
+@replica_options
+@click.option(
+    "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
+    help="Simulated seconds of each run (the default keeps 42 runs of 8 replicas to a few minutes on 2 cores).",
+)  # fmt: skip
 @click.option(
     "--load",
     "loads",
     type=click.FloatRange(min=0.01),
     multiple=True,
-    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). Default: 1.5.",
+    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). "
+    "Default: 0.5, 1, 1.5, 2, 3, 4.",
 )
-@click.option("--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all.")
+@click.option(
+    "--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all, rolloutpool-adaptive too."
+)
 @click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
 @click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
 @click.option(
@@ -428,7 +435,6 @@ def simulate(
     scenario_name: str,
     workload_file: Path | None,
     replicas: int,
-    hardware: str,
     duration_s: float,
     loads: tuple[float, ...],
     policies: tuple[str, ...],
@@ -442,6 +448,7 @@ def simulate(
     workers: int,
     out_dir: Path,
     no_plots: bool,
+    **replica: Any,
 ) -> None:
     """Simulate a fleet in virtual time under every placement policy, side by side."""
     import time  # noqa: PLC0415
@@ -450,14 +457,21 @@ def simulate(
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
     from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.hardware import with_hardware  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
-        ratios,
         results_json,
         results_table,
         write_plots,
     )
     from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.simulate_run import (  # noqa: PLC0415
+        DEFAULT_LOADS,
+        DEFAULT_POLICIES,
+        ratio_lines,
+        replica_from_options,
+        run_meta,
+    )
     from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
@@ -474,11 +488,11 @@ def simulate(
             chosen = scenario(scenario_name)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    hardware = replica_from_options(replica, max_model_len=chosen.max_model_len)
     base = FleetConfig(
         scenario=chosen,
         in_flight=1,
         replicas=replicas,
-        hardware=hardware,
         duration_s=duration_s,
         seed=seed,
         expected_residency=residency,
@@ -490,9 +504,11 @@ def simulate(
             every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
         ),
     )
-    jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    base = with_hardware(base, hardware)
+    jobs = plan_jobs(base, loads or DEFAULT_LOADS, policies or DEFAULT_POLICIES)
     _console.print(
-        f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
+        f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each), "
+        f"fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
     )
     started = time.perf_counter()
@@ -511,13 +527,12 @@ def simulate(
         runs = run_jobs(jobs, workers=workers, on_done=done)
     wall = time.perf_counter() - started
     _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
-    for load, r in ratios(runs).items():
-        _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
-    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
+    for line in [*ratio_lines(runs), *weight_update_lines([(job.load, result) for job, result, _ in runs])]:
         _console.print(line)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
-            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
+    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware.gpu, "duration_s": duration_s,
+            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall,
+            **run_meta(hardware, runs)}  # fmt: skip
     if renew_every_s is not None:
         meta["renew_every_s"] = renew_every_s
     if weight_update_every_s is not None:
