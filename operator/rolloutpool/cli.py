@@ -22,6 +22,7 @@ from rolloutpool.localcluster.kubelet_cli import kubelet_command
 from rolloutpool.operator_command import operator_command
 from rolloutpool.planner import PlanInputs, plan_rows
 from rolloutpool.sim.cli_command import caps_command, compare_command
+from rolloutpool.sim.plan_sim_options import plan_simulate_options, wants_simulation
 from rolloutpool.sim.simulate_run import DEFAULT_DURATION_S, replica_options
 
 __all__ = ["main"]
@@ -54,6 +55,7 @@ def main() -> None:
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-sessions-per-replica", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@plan_simulate_options
 def plan(
     model: str,
     gpu: str,
@@ -66,8 +68,14 @@ def plan(
     replicas: int,
     max_sessions_per_replica: int | None,
     as_json: bool,
+    **simulate: Any,
 ) -> None:
-    """Plan KV capacity and per-replica session caps before writing a manifest."""
+    """Plan KV capacity and per-replica session caps before writing a manifest (--simulate: measure them)."""
+    if wants_simulation(click.get_current_context()):
+        from rolloutpool.sim.plan_sim import plan_simulate  # noqa: PLC0415 - the simulator only when asked
+
+        plan_simulate(click.get_current_context())
+        return
     inputs = PlanInputs(
         model=model,
         gpu=gpu,
