@@ -392,7 +392,7 @@ def router_command(
     "workload_file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Your own workload (YAML, see rolloutpool.sim.workload_file) instead of --scenario.",
+    help="Your own workload (YAML: docs/simulate-your-workload.md, examples/workloads/) instead of --scenario.",
 )
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
 @replica_options

@@ -213,21 +213,27 @@ def _table(inputs: PlanSimInputs, points: list[FleetPoint], wall: float) -> Tabl
     return table
 
 
-def _answer(choice: PlanChoice, spec: dict[str, Any], in_flight: int) -> list[str]:
+def _answer(choice: PlanChoice, spec: dict[str, Any], point: FleetPoint) -> list[str]:
     verdict = "reaches" if choice.met else "is the fastest fleet tried, and misses"
     concurrency = spec["concurrency"]
     binding = (
         " The cap does not bind there: every rollout in flight is admitted at once."
-        if choice.cap >= math.ceil(in_flight / choice.replicas)
+        if choice.cap >= math.ceil(point.in_flight / choice.replicas)
         else ""
     )
-    return [
+    lines = [
         f"{choice.replicas} replica(s) with cap {choice.cap} per replica: {choice.tokens_per_s:,.0f} tok/s, which "
         f"{verdict} the target of {choice.target_tokens_per_s:,.0f} tok/s ({choice.target}).{binding}",
         f"In the pool: spec.replicas: {spec['replicas']}, spec.concurrency.maxSessionsPerReplica: "
         f"{concurrency['maxSessionsPerReplica']}, expectedResidency: {concurrency['expectedResidency']:g} "
         f"(headroom {concurrency['headroom']:g}).",
     ]
+    if point.adaptive_tokens_per_s is not None:
+        lines.append(
+            f"With spec.autoscaling.enabled instead, the adaptive law reached {point.adaptive_tokens_per_s:,.0f} "
+            f"tok/s on that fleet ({point.adaptive_tokens_per_s / point.tokens_per_s:.3f} of the best fixed cap)."
+        )
+    return lines
 
 
 def plan_simulate(ctx: click.Context) -> None:
@@ -259,6 +265,7 @@ def plan_simulate(ctx: click.Context) -> None:
         click.echo(text)
         return
     _console.print(_table(inputs, points, wall))
-    for line in _answer(choice, spec, inputs.in_flight):
+    chosen = next(p for p in points if p.replicas == choice.replicas)
+    for line in _answer(choice, spec, chosen):
         _console.print(line)
     _console.print(f"Wrote {inputs.out_dir / 'plan.json'}, {png}")
