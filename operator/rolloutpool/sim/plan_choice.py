@@ -2,7 +2,9 @@
 
 For each candidate replica count the trainer's ``in_flight`` rollouts are spread over the fleet and a
 coarse grid of fixed caps runs, from the conservative floor (``KV tokens // maxModelLen``) to just past
-the in-flight rollouts per replica (where a cap stops binding; :func:`rolloutpool.sim.sweep.cap_grid`),
+the in-flight rollouts per replica (where a cap stops binding), spaced geometrically (throughput
+against the cap rises to a peak where the live contexts fill the KV cache, then falls as they evict
+each other: the peak sits a small multiple above the floor, however many rollouts are in flight),
 then the caps halfway to the best one's neighbours. The recommendation is the fewest replicas whose
 best cap reaches the target throughput: the user's, or by default ``knee`` of the best fleet's (more
 replicas past that buy little).
@@ -14,8 +16,6 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rolloutpool.sim.sweep import cap_grid
-
 __all__ = ["FleetPoint", "PlanChoice", "choose_fleet", "coarse_caps", "fleet_point", "refine_caps"]
 
 _PLATEAU = 0.99
@@ -23,13 +23,13 @@ _PLATEAU = 0.99
 
 
 def coarse_caps(*, floor: int, in_flight: int, replicas: int, points: int) -> list[int]:
-    """About ``points`` fixed caps from ``floor`` to just past the rollouts per replica (pure)."""
+    """At most ``points`` fixed caps, geometrically from ``floor`` to just past the rollouts per replica (pure)."""
     if floor < 1 or in_flight < 1 or replicas < 1 or points < 2:
         raise ValueError("floor, in_flight and replicas must be at least 1, points at least 2")
-    per_replica = in_flight / replicas
-    top = max(floor + 1, math.ceil(per_replica) + 2)
-    step = max(1, math.ceil((top - floor) / (points - 1)))
-    return cap_grid(floor=floor, per_replica=per_replica, step=step)
+    top = max(floor + 1, math.ceil(in_flight / replicas) + 2)
+    ratio = top / floor
+    inner = {round(floor * ratio ** (i / (points - 1))) for i in range(1, points - 1)}
+    return sorted({floor, top} | inner)
 
 
 def refine_caps(fixed: Mapping[int, float], *, floor: int) -> list[int]:
