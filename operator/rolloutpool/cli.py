@@ -398,7 +398,7 @@ def router_command(
 @replica_options
 @click.option(
     "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
-    help="Simulated seconds of each run (the default keeps 42 runs of 8 replicas to a few minutes on 2 cores).",
+    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: 410 s of CPU, ~3.5 min on 2 cores).",
 )  # fmt: skip
 @click.option(
     "--load",
