@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
-from rolloutpool.engine.cost import HARDWARE_PRESETS
+from rolloutpool.engine.model.cost import HARDWARE_PRESETS
 from rolloutpool.planner import PlanInputs, plan_rows
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy

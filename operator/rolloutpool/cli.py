@@ -16,12 +16,12 @@ from rich.table import Table
 
 from rolloutpool.api import RolloutPool
 from rolloutpool.api.crd import render_crd
-from rolloutpool.bench.cli_command import bench_command
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
-from rolloutpool.localcluster.kubelet_cli import kubelet_command
-from rolloutpool.operator_command import operator_command
+from rolloutpool.cli.bench import bench_command
+from rolloutpool.cli.kubelet import kubelet_command
+from rolloutpool.cli.operator import operator_command
+from rolloutpool.cli.sim_sweeps import caps_command, compare_command
 from rolloutpool.planner import PlanInputs, plan_rows
-from rolloutpool.sim.cli_command import caps_command, compare_command
 from rolloutpool.sim.plan_sim_options import plan_simulate_options, wants_simulation
 from rolloutpool.sim.simulate_run import DEFAULT_DURATION_S, replica_options
 
@@ -200,7 +200,7 @@ def engine_sim(
     fault_hang_rate: float,
 ) -> None:
     """Serve a vLLM-compatible engine simulator (KV cache, scheduler, /metrics) on the CPU."""
-    from rolloutpool.engine.server import ServerConfig, run_server  # noqa: PLC0415
+    from rolloutpool.engine.server.app import ServerConfig, run_server  # noqa: PLC0415
 
     if kv_capacity_tokens is not None:
         if num_gpu_blocks is not None:
@@ -277,7 +277,7 @@ def engine_sim(
     help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
     "Default: session_params.session_id, session_id, user.",
 )
-# -- one of N routers (fleet_command.py) --
+# -- one of N routers (cli/router_fleet.py) --
 @click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
 @click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
 @click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
@@ -357,7 +357,7 @@ def router_command(
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if self_url or peer_urls or self_name or peer_selector:
-        from rolloutpool.fleet_command import run_fleet_member  # noqa: PLC0415
+        from rolloutpool.cli.router_fleet import run_fleet_member  # noqa: PLC0415
 
         run_fleet_member(
             config,
@@ -579,7 +579,7 @@ _dir_option = click.option(
 @click.option("--kubelet", is_flag=True, help="Also run the process kubelet (pods of our image run as processes).")
 def localcluster_up(directory: Path, kubelet: bool) -> None:
     """Build (once) and start the control plane in the background."""
-    from rolloutpool.localcluster.cluster import LocalCluster  # noqa: PLC0415 - keep `plan` fast
+    from rolloutpool.dev.localcluster.cluster import LocalCluster  # noqa: PLC0415 - keep `plan` fast
 
     cluster = LocalCluster(directory, detach=True, log=_console.log, kubelet=kubelet).start()
     click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
@@ -593,7 +593,7 @@ localcluster.add_command(kubelet_command)
 @_dir_option
 def localcluster_down(directory: Path) -> None:
     """Stop a control plane started with `up`."""
-    from rolloutpool.localcluster.cluster import stop_recorded  # noqa: PLC0415
+    from rolloutpool.dev.localcluster.cluster import stop_recorded  # noqa: PLC0415
 
     stopped = stop_recorded(directory)
     click.echo(f"Stopped {', '.join(stopped)}" if stopped else f"No running cluster recorded in {directory}")
@@ -603,7 +603,7 @@ def localcluster_down(directory: Path) -> None:
 @_dir_option
 def localcluster_env(directory: Path) -> None:
     """Print shell exports for kubectl and helm against the running control plane."""
-    from rolloutpool.localcluster.build import cache_root  # noqa: PLC0415
+    from rolloutpool.dev.localcluster.build import cache_root  # noqa: PLC0415
 
     if not (directory / "pids.json").exists():
         raise click.ClickException(f"no running cluster in {directory}; run `rolloutpool localcluster up`")
@@ -618,7 +618,7 @@ def localcluster_env(directory: Path) -> None:
 @click.option("--load-seconds", type=click.FloatRange(min=5), default=90, show_default=True, help="Length of the load.")
 def demo(directory: Path, once: bool, in_flight: int, load_seconds: float) -> None:
     """Run the whole stack locally (chart, operator, simulated pool, load) through a quarantine and its release."""
-    from rolloutpool.demo import run_demo  # noqa: PLC0415
+    from rolloutpool.dev.demo import run_demo  # noqa: PLC0415
 
     run_demo(directory=directory, once=once, console=_console, in_flight=in_flight, load_seconds=load_seconds)
 

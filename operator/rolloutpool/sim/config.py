@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
-from rolloutpool.engine.cost import CostModel
+from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
 from rolloutpool.sim.workload import Scenario

@@ -2,9 +2,9 @@
 
 The KV capacity is what ``rolloutpool plan`` computes (:mod:`rolloutpool.capacity`: the model's
 KV bytes per token, the GPU's memory, ``gpu_memory_utilization``, the GPUs of one replica), or an
-explicit figure. The step-time model (:class:`~rolloutpool.engine.cost.CostModel`) takes the GPU's
+explicit figure. The step-time model (:class:`~rolloutpool.engine.model.cost.CostModel`) takes the GPU's
 HBM bandwidth, prefill rate and step overhead from the engine's hardware preset of the same name
-(:data:`~rolloutpool.engine.cost.HARDWARE_PRESETS`, figures for Qwen3-8B), and scales them to the
+(:data:`~rolloutpool.engine.model.cost.HARDWARE_PRESETS`, figures for Qwen3-8B), and scales them to the
 model and the GPU count:
 
 - weights and KV bytes per token are the model's (KV in ``kv_dtype``);
@@ -29,7 +29,7 @@ from rolloutpool.capacity import (
     estimate_kv_capacity_tokens,
     kv_bytes_per_token,
 )
-from rolloutpool.engine.cost import HARDWARE_PRESETS, CostModel
+from rolloutpool.engine.model.cost import HARDWARE_PRESETS, CostModel
 from rolloutpool.sim.config import FleetConfig
 
 __all__ = ["DEFAULT_GPU", "DEFAULT_MODEL", "ReplicaHardware", "replica_hardware", "with_hardware"]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from rolloutpool.capacity import DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS
-from rolloutpool.engine.cost import HARDWARE_PRESETS
+from rolloutpool.engine.model.cost import HARDWARE_PRESETS
 from rolloutpool.routing.policies import POLICIES
 from rolloutpool.sim.config import ADAPTIVE
 from rolloutpool.sim.hardware import DEFAULT_GPU, DEFAULT_MODEL, ReplicaHardware, replica_hardware
