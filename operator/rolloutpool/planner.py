@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rolloutpool.capacity import (
@@ -9,12 +10,14 @@ from rolloutpool.capacity import (
     GIB,
     GPU_PRESETS,
     MODEL_PRESETS,
+    conservative_cap,
     estimate_kv_capacity_tokens,
     kv_bytes_per_token,
+    oversubscribed_cap,
     session_caps,
 )
 
-__all__ = ["PlanInputs", "PlanRow", "plan_rows"]
+__all__ = ["PlanInputs", "PlanRow", "plan_rows", "residency_for_cap"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +92,31 @@ def plan_rows(inputs: PlanInputs) -> list[PlanRow]:
             )
         )
     return rows
+
+
+def residency_for_cap(*, cap: int, capacity_tokens: int, max_model_len: int, headroom: float) -> float:
+    """The largest ``expectedResidency`` (two decimals) whose cap is at least ``cap`` (pure).
+
+    With it and ``maxSessionsPerReplica: cap`` a pool's cap is exactly ``cap``. ``ValueError`` when no
+    residency from 0.01 reaches it, or ``cap`` is below the conservative floor.
+    """
+    floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=max_model_len)
+    if cap < floor:
+        raise ValueError(f"cap {cap} is below the conservative floor of {floor} sessions per replica")
+    if cap == floor:
+        return 1.0
+    residency = min(1.0, math.floor(capacity_tokens * (1 - headroom) / (max_model_len * cap) * 100) / 100)
+    if residency < 0.01:
+        raise ValueError(f"cap {cap} needs an expected residency below 0.01")
+    while (
+        residency > 0.01
+        and oversubscribed_cap(
+            capacity_tokens=capacity_tokens,
+            max_model_len=max_model_len,
+            expected_residency=residency,
+            headroom=headroom,
+        )
+        < cap
+    ):  # float rounding at the boundary
+        residency = round(residency - 0.01, 2)
+    return residency

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import Any
 
 import click
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
 from rolloutpool.planner import PlanInputs, plan_rows
+from rolloutpool.sim.plan_sim_options import plan_simulate_options, wants_simulation
 
 __all__ = ["plan"]
 
@@ -35,6 +37,7 @@ _console = Console()
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-sessions-per-replica", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@plan_simulate_options
 def plan(
     model: str,
     gpu: str,
@@ -47,8 +50,14 @@ def plan(
     replicas: int,
     max_sessions_per_replica: int | None,
     as_json: bool,
+    **simulate: Any,
 ) -> None:
-    """Plan KV capacity and per-replica session caps before writing a manifest."""
+    """Plan KV capacity and per-replica session caps before writing a manifest (--simulate: measure them)."""
+    if wants_simulation(click.get_current_context()):
+        from rolloutpool.sim.plan_sim import plan_simulate  # noqa: PLC0415 - the simulator only when asked
+
+        plan_simulate(click.get_current_context())
+        return
     inputs = PlanInputs(
         model=model,
         gpu=gpu,

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
+
+from rolloutpool.sim.simulate_run import DEFAULT_DURATION_S, replica_options
+
+if TYPE_CHECKING:
+    from rolloutpool.sim.results import RunResult
+    from rolloutpool.sim.runner import Job
 
 __all__ = ["simulate"]
 
@@ -20,19 +27,25 @@ _console = Console()
     "workload_file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Your own workload (YAML, see rolloutpool.sim.workload_file) instead of --scenario.",
+    help="Your own workload (YAML: docs/simulate-your-workload.md, examples/workloads/) instead of --scenario.",
 )
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=8, show_default=True)
-@click.option("--hardware", type=click.Choice(["h100-80gb", "h200-141gb"]), default="h100-80gb", show_default=True)
-@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=7200.0, show_default=True)
+@replica_options
+@click.option(
+    "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
+    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: 410 s of CPU, ~3.5 min on 2 cores).",
+)  # fmt: skip
 @click.option(
     "--load",
     "loads",
     type=click.FloatRange(min=0.01),
     multiple=True,
-    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). Default: 1.5.",
+    help="In-flight rollouts as a multiple of the fleet's conservative capacity (repeatable). "
+    "Default: 0.5, 1, 1.5, 2, 3, 4.",
 )
-@click.option("--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all.")
+@click.option(
+    "--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all, rolloutpool-adaptive too."
+)
 @click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
 @click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
 @click.option(
@@ -92,7 +105,6 @@ def simulate(
     scenario_name: str,
     workload_file: Path | None,
     replicas: int,
-    hardware: str,
     duration_s: float,
     loads: tuple[float, ...],
     policies: tuple[str, ...],
@@ -110,22 +122,28 @@ def simulate(
     trace_time_scale: float,
     trace_cap: int | None,
     write_trace: Path | None,
+    **replica: Any,
 ) -> None:
     """Simulate a fleet in virtual time under every placement policy, side by side."""
     import time  # noqa: PLC0415
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
-
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
     from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
+    from rolloutpool.sim.hardware import with_hardware  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
-        ratios,
         results_json,
         results_table,
         write_plots,
     )
-    from rolloutpool.sim.runner import fleet_floor, plan_jobs, run_jobs  # noqa: PLC0415
+    from rolloutpool.sim.runner import fleet_floor, plan_jobs  # noqa: PLC0415
+    from rolloutpool.sim.simulate_run import (  # noqa: PLC0415
+        DEFAULT_LOADS,
+        DEFAULT_POLICIES,
+        ratio_lines,
+        replica_from_options,
+        run_meta,
+    )
     from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
@@ -142,11 +160,11 @@ def simulate(
             chosen = scenario(scenario_name)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    hardware = replica_from_options(replica, max_model_len=chosen.max_model_len)
     base = FleetConfig(
         scenario=chosen,
         in_flight=1,
         replicas=replicas,
-        hardware=hardware,
         duration_s=duration_s,
         seed=seed,
         expected_residency=residency,
@@ -158,7 +176,8 @@ def simulate(
             every_s=weight_update_every_s, load_s=weight_update_load_s, excuse=not weight_update_unannounced
         ),
     )
-    jobs = plan_jobs(base, loads or (1.5,), policies or POLICIES)
+    base = with_hardware(base, hardware)
+    jobs = plan_jobs(base, loads or DEFAULT_LOADS, policies or DEFAULT_POLICIES)
     if trace_file is not None or write_trace is not None:
         from rolloutpool.sim.trace_cli import trace_mode  # noqa: PLC0415
 
@@ -166,10 +185,38 @@ def simulate(
                    cap=trace_cap, out_dir=out_dir, console=_console)  # fmt: skip
         return
     _console.print(
-        f"{chosen.name}: {replicas} x {hardware}, fleet conservative capacity {fleet_floor(base)} sessions, "
+        f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each), "
+        f"fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
     )
     started = time.perf_counter()
+    runs = _run_with_progress(jobs, workers)
+    wall = time.perf_counter() - started
+    _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
+    for line in [*ratio_lines(runs), *weight_update_lines([(job.load, result) for job, result, _ in runs])]:
+        _console.print(line)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware.gpu, "duration_s": duration_s,
+            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall,
+            **run_meta(hardware, runs)}  # fmt: skip
+    if renew_every_s is not None:
+        meta["renew_every_s"] = renew_every_s
+    if weight_update_every_s is not None:
+        meta["weight_update_every_s"] = weight_update_every_s
+        meta["weight_update_announced"] = not weight_update_unannounced
+    text = results_json(runs, meta)
+    (out_dir / "results.json").write_text(text)
+    (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))
+    written = [] if no_plots else write_plots(runs, out_dir)
+    _console.print(f"Wrote {out_dir / 'results.json'}, {out_dir / 'results.md'}" + "".join(f", {p}" for p in written))
+
+
+def _run_with_progress(jobs: list[Job], workers: int) -> list[tuple[Job, RunResult, float]]:
+    """Run the simulation jobs on ``workers`` processes with a progress bar and a line per finished run."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from rolloutpool.sim.runner import run_jobs  # noqa: PLC0415
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=_console,
@@ -182,23 +229,4 @@ def simulate(
                 f"Finished {getattr(result, 'policy', '?')} at load {getattr(job, 'load', '?')}x in {wall:.1f}s"
             )
 
-        runs = run_jobs(jobs, workers=workers, on_done=done)
-    wall = time.perf_counter() - started
-    _console.print(results_table(runs, f"{chosen.name}, seed {seed}, {wall:.0f}s wall"))
-    for load, r in ratios(runs).items():
-        _console.print(f"load {load:g}x: ours / " + ", ".join(f"{p} {v:.3f}" for p, v in r.items()))
-    for line in weight_update_lines([(job.load, result) for job, result, _ in runs]):
-        _console.print(line)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware, "duration_s": duration_s,
-            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall}  # fmt: skip
-    if renew_every_s is not None:
-        meta["renew_every_s"] = renew_every_s
-    if weight_update_every_s is not None:
-        meta["weight_update_every_s"] = weight_update_every_s
-        meta["weight_update_announced"] = not weight_update_unannounced
-    text = results_json(runs, meta)
-    (out_dir / "results.json").write_text(text)
-    (out_dir / "results.md").write_text(markdown_from_json(json.loads(text)))
-    written = [] if no_plots else write_plots(runs, out_dir)
-    _console.print(f"Wrote {out_dir / 'results.json'}, {out_dir / 'results.md'}" + "".join(f", {p}" for p in written))
+        return run_jobs(jobs, workers=workers, on_done=done)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
+from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
 from rolloutpool.sim.workload import Scenario
@@ -24,6 +25,8 @@ class FleetConfig:
     replicas: int = 8
     hardware: str = "h100-80gb"
     num_gpu_blocks: int | None = None
+    cost: CostModel | None = None
+    """The engines' step-time model; None: the ``hardware`` preset's (:mod:`rolloutpool.sim.hardware` builds both)."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     duration_s: float = 7200.0

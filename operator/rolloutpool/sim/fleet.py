@@ -91,7 +91,7 @@ class _Fleet:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.scenario.max_model_len,
-            cost=preset.cost,
+            cost=config.cost or preset.cost,
         )
         self.capacity = ecfg.kv_capacity_tokens
         self.block_size = ecfg.block_size

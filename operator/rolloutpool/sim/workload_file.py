@@ -15,7 +15,7 @@ drift: {growth: 0.5, startSeconds: 900, durationSeconds: 3600}   # optional
 ```
 
 Every distribution is a lognormal given by its median and 90th percentile. Unknown keys,
-missing distributions and impossible values are errors that name the field.
+missing distributions and impossible values are errors that name the field (and its line).
 """
 
 from __future__ import annotations
@@ -129,10 +129,36 @@ def _where(error: dict[str, object]) -> str:
     return ".".join(str(p) for p in error.get("loc", ())) or "(file)"  # type: ignore[attr-defined]
 
 
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """1-based line of every mapping key, by its path (pure)."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                where = (*path, str(key.value))
+                lines[where] = key.start_mark.line + 1
+                walk(value, where)
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _problem(error: dict[str, object], lines: dict[tuple[str, ...], int]) -> str:
+    loc = tuple(str(p) for p in error.get("loc", ()))  # type: ignore[attr-defined]
+    while loc and loc not in lines:  # a missing field: the line of the mapping it is missing from
+        loc = loc[:-1]
+    line = f" (line {lines[loc]})" if loc else ""
+    return f"{_where(error)}: {error['msg']}{line}"
+
+
 def load_workload(path: Path) -> Scenario:
     """Read and check a workload file; :class:`WorkloadFileError` names every bad field."""
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise WorkloadFileError(f"{path}: cannot read: {err}") from None
     if not isinstance(data, dict):
@@ -140,6 +166,7 @@ def load_workload(path: Path) -> Scenario:
     try:
         model = WorkloadFile.model_validate(data)
     except ValidationError as err:
-        problems = "; ".join(f"{_where(e)}: {e['msg']}" for e in err.errors())  # type: ignore[arg-type]
+        lines = _key_lines(text)
+        problems = "; ".join(_problem(e, lines) for e in err.errors())  # type: ignore[arg-type]
         raise WorkloadFileError(f"{path}: {problems}") from None
     return model.scenario(path.stem)
