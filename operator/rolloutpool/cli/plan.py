@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rolloutpool.capacity import GPU_PRESETS, MODEL_PRESETS
+from rolloutpool.cli.plan_simulate_options import plan_simulate_options, wants_simulation
 from rolloutpool.planner import PlanInputs, plan_rows
-from rolloutpool.sim.plan_sim_options import plan_simulate_options, wants_simulation
 
 __all__ = ["plan"]
 
