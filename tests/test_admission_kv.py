@@ -142,3 +142,21 @@ def test_the_measured_floor_waits_until_the_finished_sessions_describe_the_live_
     for i in range(10):  # while long ones are still live and already past it
         kv.bound(f"long{i}", "a", context=12000)
     assert kv.measured_floor(capacity_tokens=CAPACITY) is None
+
+
+def test_the_ledger_gives_each_replica_its_measured_floor_over_its_own_capacity() -> None:
+    ledger = _ledger()
+    ledger.add_replica("half", now=0.0, capacity_tokens=CAPACITY // 2)
+    ledger.add_replica("unknown", now=0.0)
+    assert ledger.measured_floor("a") == int(CAPACITY * 0.9 // MAX_LEN)  # the prior: maxModelLen
+    for i in range(200):
+        _rollout(ledger, f"s{i}", [1500, 3000], now=float(i))
+    floor = ledger.measured_floor("a")
+    half = ledger.measured_floor("half")
+    assert floor is not None
+    assert half is not None
+    assert floor > 60
+    assert half == pytest.approx(floor / 2, abs=1)
+    assert ledger.measured_floor("unknown") is None  # no capacity reported: no floor
+    assert ledger.measured_floor("gone") is None
+    assert _ledger(kv_admission=False).measured_floor("a") is None  # nothing projected

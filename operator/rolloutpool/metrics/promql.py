@@ -22,6 +22,7 @@ from rolloutpool.routing.weights import FLUSHING_OPERATIONS, WEIGHT_UPDATE_OPS_C
 __all__ = [
     "ENGINE_KV_USAGE",
     "ENGINE_KV_USAGE_OLD",
+    "MEASURED_FLOOR",
     "PREFIX_CACHE_HITS",
     "PREFIX_CACHE_QUERIES",
     "QUERY_NAMES",
@@ -50,6 +51,8 @@ PREFIX_CACHE_QUERIES: Final = (
 )
 """The prefix-cache query counter under each name, newest first."""
 _WAITING: Final = "vllm:num_requests_waiting"
+MEASURED_FLOOR: Final = "rolloutpool_router_measured_session_floor"
+"""The router's measured floor (``ReplicaSignals.kv_cap``): the KV budget over finished sessions' p90 final context."""
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
 QUERY_NAMES: Final = (
@@ -63,6 +66,7 @@ QUERY_NAMES: Final = (
     "live_sessions",
     "router_sampled_at",
     "weight_updates",
+    "measured_floor",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -140,6 +144,8 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
         "weight_updates": _engine_sum(f"increase({WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"),
+        # each router measures its own finished sessions: the most conservative router's floor
+        "measured_floor": f"min by (replica) (max by (replica, pod) ({MEASURED_FLOOR}{{{router}}}))",
     }
 
 
@@ -209,7 +215,7 @@ def assemble_signals(
     }
     by_replica = {
         name: sample_values(results.get(name, ()), label="replica")
-        for name in ("reprefill_tokens_per_s", "live_sessions", "router_sampled_at")
+        for name in ("reprefill_tokens_per_s", "live_sessions", "router_sampled_at", "measured_floor")
     }
     capacity = _capacities(results.get("cache_config", ()))
     signals: dict[str, ReplicaSignals | None] = {}
@@ -224,6 +230,7 @@ def assemble_signals(
             if t is not None and math.isfinite(t)
         ]
         live = _finite(by_replica["live_sessions"].get(replica))
+        floor = _finite(by_replica["measured_floor"].get(replica))
         signals[replica] = ReplicaSignals(
             kv_usage=_finite(by_pod["kv_usage"].get(replica)),
             preemptions_per_s=_finite(by_pod["preemptions_per_s"].get(replica)),
@@ -234,5 +241,6 @@ def assemble_signals(
             live_sessions=None if live is None else round(live),
             sampled_at=max(times) if times else None,
             weight_updates=_finite(by_pod["weight_updates"].get(replica)),
+            kv_cap=None if floor is None or floor < 1 else int(floor),
         )
     return signals

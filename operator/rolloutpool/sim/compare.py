@@ -11,8 +11,10 @@ reacted to (a quarantine with none measured fired on noise).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
@@ -20,7 +22,17 @@ from rolloutpool.sim.metrics import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
 from rolloutpool.sim.workload import scenario
 
-__all__ = ["BASELINE", "VARIANTS", "CompareRow", "compare_jobs", "compare_rows", "rows_markdown", "run_compare"]
+__all__ = [
+    "BASELINE",
+    "VARIANTS",
+    "CompareRow",
+    "compare_jobs",
+    "compare_rows",
+    "load_rows",
+    "rows_json",
+    "rows_markdown",
+    "run_compare",
+]
 
 BASELINE = "sticky-least-loaded"
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -122,3 +134,21 @@ def run_compare(
     """Run every job and compare."""
     done = run_jobs([j for _, j in jobs], workers=workers, on_done=on_done)
     return compare_rows([(label, job, result) for (label, _), (job, result, _w) in zip(jobs, done, strict=True)])
+
+
+def rows_json(rows: list[CompareRow], meta: dict[str, Any]) -> str:
+    """Every row and the run's settings as JSON (NaN ratios as null)."""
+    out = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
+    return json.dumps({"meta": meta, "rows": out}, indent=1) + "\n"
+
+
+def load_rows(text: str) -> list[CompareRow]:
+    """The rows `rows_json` wrote."""
+    names = {f.name for f in fields(CompareRow)}
+    rows = []
+    for raw in json.loads(text)["rows"]:
+        values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}
+        for key in ("vs_baseline", "baseline_evicted_share"):
+            values[key] = float("nan") if values.get(key) is None else values[key]
+        rows.append(CompareRow(**values))
+    return rows
