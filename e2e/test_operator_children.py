@@ -75,7 +75,7 @@ def test_example_pools_get_children_status_and_survive_restart(
     core, custom = kube
     with namespace(cluster, NS) as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log") as operator:
         started = time.monotonic()
-        sim = apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
+        apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
         vllm = apply_pool(cluster, ns, EXAMPLES / "vllm-pool.yaml")
         eventually(lambda: len(child_pods(core, ns, "sim-grpo")) == 4, what="4 simulated engine pods")
         eventually(lambda: len(_router_objects(cluster, ns, "sim-grpo")) == 5, what="5 router objects")
@@ -130,9 +130,8 @@ def test_example_pools_get_children_status_and_survive_restart(
         assert status["replicas"] == 4
         assert status["observedGeneration"] == 1
         assert [r["name"] for r in status["replicaStatus"]] == [f"sim-grpo-engine-{i}" for i in range(4)]
-        caps = replica_caps(spec=RolloutPoolSpec.model_validate(sim["spec"]))
-        assert caps is not None
-        assert {r["cap"] for r in status["replicaStatus"]} == {caps.initial}
+        # autoscaling off: the operator publishes no cap, the router admits by projected KV tokens
+        assert all("cap" not in r for r in status["replicaStatus"]), status["replicaStatus"]
         assert condition(status, "Progressing")["status"] == "False"
         assert condition(status, "MetricsAvailable")["reason"] == "AutoscalingDisabled"
         table = cluster.kubectl("get", "rp", "-n", ns).stdout
