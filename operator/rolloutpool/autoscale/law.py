@@ -112,13 +112,15 @@ class LawParams:
     """...while its KV usage is at least this (when known): a queue with free KV blocks is not KV pressure."""
     rate_window_seconds: float = 120.0
     """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
-    slow_start_factor: float = 1.15
+    slow_start_factor: float = 1.05
     """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``) while KV
-    usage is under ``slow_start_near_usage``."""
+    usage is under ``slow_start_near_usage``. Gentle, because eviction shows minutes after the cap that caused it
+    (admitted sessions grow): x1.15 overshot into the long rollouts of a bimodal mix (0.88 of the best fixed cap at
+    3x); short contexts need no fast climb, the jump to the measured floor (``ReplicaSignals.kv_cap``) lifts them."""
     slow_start_near_usage: float = 0.5
     """KV usage from which the slow start climbs by ``slow_start_near_factor`` instead: nearer the cliff, whose
     signal lags the cap by minutes, a fast climb overshoots into a storm."""
-    slow_start_near_factor: float = 1.08
+    slow_start_near_factor: float = 1.05
     probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
     severe_factor: float = 5.0
