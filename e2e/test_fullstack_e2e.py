@@ -471,7 +471,7 @@ def test_a_client_that_gives_up_in_the_queue_leaves_no_session_behind(
         caps = {dict(k)["replica"]: v for (n, k), v in metrics.items() if n == f"{ROUTER}session_cap"}
         live = live_by_replica(metrics)
         assert all(math.isfinite(c) for c in caps.values()), caps  # maxModelLen set: KV admission caps
-        return sum(max(0, int(c) - live.get(r, 0)) for r, c in caps.items())
+        return sum(max(0, int(c) - int(live.get(r, 0))) for r, c in caps.items())
 
     held: list[str] = []
     try:
