@@ -65,9 +65,9 @@ from fullstack_kit import (
     sigkill_pod,
     wait_until,
 )
-from rolloutpool.demo import POOL, demo_pool
+from rolloutpool.dev.demo import POOL, demo_pool
+from rolloutpool.dev.stack import LocalStack
 from rolloutpool.reconcile.caps import parse_spec, replica_caps
-from rolloutpool.stack import LocalStack
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 TIME_SCALE = 10.0

@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client
 
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.localcluster.cluster import LocalCluster, free_port
+from rolloutpool.dev.localcluster.cluster import LocalCluster, free_port
 from rolloutpool.reconcile.caps import replica_caps
 from test_operator_kit import (
     EXAMPLES,

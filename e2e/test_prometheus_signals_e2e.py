@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, classify_health, decide_replica
-from rolloutpool.bench.processes import ProcessSet, free_port, rolloutpool_argv
-from rolloutpool.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
+from rolloutpool.dev.bench.processes import ProcessSet, free_port, rolloutpool_argv
+from rolloutpool.dev.localcluster.prometheus import PrometheusServer, StaticTarget, static_scrape_config
 from rolloutpool.metrics.prom import PrometheusSignals, PrometheusUnreachable
 
 NAMESPACE = "rl"

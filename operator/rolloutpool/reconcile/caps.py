@@ -33,7 +33,7 @@ from rolloutpool.capacity import (
     kv_bytes_per_token,
     session_caps,
 )
-from rolloutpool.engine.cost import hardware_preset
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.labels import MAX_POOL_NAME_LENGTH
 from rolloutpool.routing.pressure import pressure_reason_named
 

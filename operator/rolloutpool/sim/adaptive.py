@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica, initial_cap
 from rolloutpool.capacity import conservative_cap, oversubscribed_cap
-from rolloutpool.engine.core import Engine
+from rolloutpool.engine.model.core import Engine
 from rolloutpool.sim.config import FleetConfig
 
 __all__ = ["AdaptiveCaps", "ControlPoint"]

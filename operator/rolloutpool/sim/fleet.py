@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rolloutpool.autoscale import initial_cap
-from rolloutpool.engine.core import Engine, EngineConfig, Request, StepOutcome
-from rolloutpool.engine.cost import hardware_preset
-from rolloutpool.engine.hashing import SegmentChain
+from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
+from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.engine.model.hashing import SegmentChain
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import Admitted, Bound
