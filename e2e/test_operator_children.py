@@ -76,7 +76,7 @@ def test_example_pools_get_children_status_and_survive_restart(
     core, custom = kube
     with namespace(cluster, NS) as ns, OperatorProcess(cluster, ns, tmp_path / "operator.log") as operator:
         started = time.monotonic()
-        sim = apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
+        apply_pool(cluster, ns, EXAMPLES / "simulated-pool.yaml")
         vllm = apply_pool(cluster, ns, EXAMPLES / "vllm-pool.yaml")
         wait_until(
             lambda: len(child_pods(core, ns, "sim-grpo")) == 4,
@@ -148,9 +148,8 @@ def test_example_pools_get_children_status_and_survive_restart(
         assert status["replicas"] == 4
         assert status["observedGeneration"] == 1
         assert [r["name"] for r in status["replicaStatus"]] == [f"sim-grpo-engine-{i}" for i in range(4)]
-        caps = replica_caps(spec=RolloutPoolSpec.model_validate(sim["spec"]))
-        assert caps is not None
-        assert {r["cap"] for r in status["replicaStatus"]} == {caps.initial}
+        # autoscaling off: the operator publishes no cap, the router admits by projected KV tokens
+        assert all("cap" not in r for r in status["replicaStatus"]), status["replicaStatus"]
         assert condition(status, "Progressing")["status"] == "False"
         assert condition(status, "MetricsAvailable")["reason"] == "AutoscalingDisabled"
         table = cluster.kubectl("get", "rp", "-n", ns).stdout

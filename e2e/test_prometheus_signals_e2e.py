@@ -110,8 +110,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         token = Path(logs) / "admin-token"
         token.write_text(ADMIN_TOKEN)
         argv = rolloutpool_argv(
-            "router", f"--port={port}", "--scrape-interval=0.5", f"--admin-token-file={token}", *replicas
-        )
+            # maxModelLen makes the router project KV tokens (and export its measured floor); the fixed cap keeps
+            # placement free of it
+            "router", f"--port={port}", "--scrape-interval=0.5", f"--admin-token-file={token}", "--max-model-len=2048",
+            "--cap=8", *replicas,
+        )  # fmt: skip
         processes.start("router", argv, ready_url=f"http://127.0.0.1:{port}/readyz")
         targets.append(StaticTarget(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": "rl-pool-router-abc12"}))
         targets.append(StaticTarget(legacy, {"namespace": NAMESPACE, "pod": LEGACY}))
@@ -216,6 +219,9 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         assert not idle_s.preemptions_per_s
         assert idle_s.prefix_hit_ratio is None  # 0/0: the idle engine saw no query
         assert idle_s.kv_usage == 0.0
+        # the router's measured floor, through Prometheus: six finished sessions do not outweigh the prior yet, so
+        # every session counts at maxModelLen (4096 * 0.9 // 2048)
+        assert (hot_s.kv_cap, idle_s.kv_cap) == (1, 1)
         health = classify_health(enabled=True, reachable=True, signals=signals, now=time.time(), stale_after_seconds=30)
         assert (health.available, health.reason) == (True, "MetricsAvailable")
 

@@ -167,13 +167,13 @@ def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> Non
     assert initial_cap(replace(params, initial=3)) == 10
     calm = replace(CALM, kv_usage=0.3, live_sessions=20)
     first = decide_replica(previous=None, signals=calm, params=params, now=0)
-    assert (first.cap, first.reason) == (23, "Raised")  # slow start from 20: x1.15
+    assert (first.cap, first.reason) == (21, "Raised")  # slow start from 20: x1.05, at least one step
     blind = decide_replica(previous=None, signals=None, params=params, now=0)
     assert (blind.cap, blind.reason) == (10, "NoMetrics")  # Prometheus down: the floor, as ever
 
 
 def test_the_slow_start_climbs_gently_once_kv_usage_is_past_the_near_mark() -> None:
-    params = LawParams(floor=10, ceiling=100, initial=20)
+    params = LawParams(floor=10, ceiling=100, initial=20, slow_start_factor=1.15, slow_start_near_factor=1.08)
     far = decide_replica(previous=None, signals=replace(CALM, kv_usage=0.3, live_sessions=20), params=params, now=0)
     near = decide_replica(previous=None, signals=replace(CALM, kv_usage=0.6, live_sessions=20), params=params, now=0)
     assert (far.cap, near.cap) == (23, 21)  # x1.15 far from the cliff, x1.08 near it

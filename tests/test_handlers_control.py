@@ -15,7 +15,7 @@ import pytest
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import ReplicaStatus, RolloutPoolStatus
-from rolloutpool.autoscale import ReplicaSignals
+from rolloutpool.autoscale import ReplicaControl, ReplicaSignals
 from rolloutpool.handlers.context import PoolMemory
 from rolloutpool.handlers.control import read_metrics
 from rolloutpool.metrics.prom import PrometheusUnreachable
@@ -156,15 +156,14 @@ async def test_no_replicas_reads_nothing_and_the_first_pass_with_pods_steps_at_o
     assert len(reader.reads) == 1
 
 
-async def test_disabled_autoscaling_gives_the_spec_cap_every_pass_without_reading() -> None:
+async def test_disabled_autoscaling_publishes_no_cap_every_pass_without_reading() -> None:
     raw = copy.deepcopy(SPEC)
     raw["autoscaling"] = {"enabled": False}
     spec = RolloutPoolSpec.model_validate(raw)
     reader = Reader()
     step = await _step(reader, PoolMemory(), spec=spec, clock=0.0)
-    caps = replica_caps(spec=spec)
-    assert caps is not None
-    assert {c.cap for c in step.controls.values()} == {caps.initial}
+    # no fixed residency cap: the routers admit by projected KV tokens (under maxSessionsPerReplica)
+    assert set(step.controls.values()) == {ReplicaControl(cap=None)}
     assert step.health.reason == "AutoscalingDisabled"
     assert step.next_in is None
     assert reader.reads == []

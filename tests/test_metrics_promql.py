@@ -124,6 +124,9 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     assert queries["router_sampled_at"] == (
         f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))"
     )
+    assert queries["measured_floor"] == (
+        f"min by (replica) (max by (replica, pod) (rolloutpool_router_measured_session_floor{{{router}}}))"
+    )
 
 
 def test_build_queries_escapes_hostile_names() -> None:
@@ -186,6 +189,15 @@ def test_replica_seen_only_by_the_router_has_router_signals_only() -> None:
     answer = {"reprefill_tokens_per_s": vec("replica", {"a": 10}), "live_sessions": vec("replica", {"a": 2})}
     signals = assemble_signals(answer, replicas=["a"])
     assert signals["a"] == ReplicaSignals(reprefill_tokens_per_s=10.0, live_sessions=2)
+
+
+def test_the_routers_measured_floor_becomes_the_laws_kv_cap() -> None:
+    floors = vec("replica", {"a": 57, "b": "NaN", "c": 0})
+    answer = {"measured_floor": floors, "live_sessions": vec("replica", {"c": 1})}
+    signals = assemble_signals(answer, replicas=["a", "b", "c"])
+    assert signals["a"] == ReplicaSignals(kv_cap=57)
+    assert signals["b"] == ReplicaSignals()  # a series without a usable value: unknown
+    assert signals["c"] == ReplicaSignals(live_sessions=1)  # no session fits: no floor to jump to
 
 
 def test_nan_and_infinite_values_become_unknown() -> None:

@@ -221,16 +221,34 @@ def test_plan_controls_modes() -> None:
     pool["spec"]["autoscaling"] = {"enabled": False}
     static = RolloutPoolSpec.model_validate(pool["spec"])
     off = MetricsHealth(False, "AutoscalingDisabled", "off")
-    fixed = plan_controls(
-        spec=static, replicas=names, signals={}, previous={}, kv_capacity_tokens={E(1): 200_000}, health=off, now=5.0
+    # without autoscaling the operator publishes no cap: the routers admit by projected KV tokens, whatever the
+    # capacity (known or not) and whatever an earlier release published
+    was = {E(0): ReplicaControl(cap=20, changed_at=0.0)}
+    off_caps = plan_controls(
+        spec=static, replicas=names, signals={}, previous=was, kv_capacity_tokens={E(1): 200_000}, health=off, now=5.0
     )
-    assert fixed[E(0)].cap == replica_caps(spec=static).initial  # type: ignore[union-attr]
-    assert fixed[E(1)].cap == replica_caps(spec=static, kv_capacity_tokens=200_000).initial  # type: ignore[union-attr]
-    assert not any(c.quarantined for c in fixed.values())
+    assert off_caps == {E(0): ReplicaControl(cap=None), E(1): ReplicaControl(cap=None)}
     same = plan_controls(
-        spec=static, replicas=names, signals={}, previous=fixed, kv_capacity_tokens={E(1): 200_000}, health=off, now=9.0
+        spec=static, replicas=names, signals={}, previous=off_caps, kv_capacity_tokens={}, health=off, now=9.0
     )
-    assert same == fixed  # no change, no new changed_at
+    assert same == off_caps  # no change, no new changed_at
+    # turned on again: the law starts from the spec's cap
+    restarted = plan_controls(
+        spec=spec, replicas=names, signals={}, previous=off_caps, kv_capacity_tokens={}, health=HEALTHY, now=10.0
+    )
+    assert {c.cap for c in restarted.values()} == {replica_caps(spec=spec).initial}  # type: ignore[union-attr]
+
+
+def test_a_pool_without_autoscaling_clears_the_cap_an_earlier_status_held() -> None:
+    pool = pool_object(2)
+    pool["spec"]["autoscaling"] = {"enabled": False}
+    pods = pods_of(pool)
+    earlier = RolloutPoolStatus(replica_status=[ReplicaStatus(name=E(i), index=i, cap=20) for i in range(2)])
+    off = MetricsHealth(False, "AutoscalingDisabled", "off")
+    controls = {E(i): ReplicaControl(cap=None) for i in range(2)}
+    status = status_of(pool, pods, previous=earlier, controls=controls, health=off)
+    assert [(r.cap, r.cap_changed_at, r.quarantined) for r in status.replica_status] == [(None, None, False)] * 2
+    assert controls_from_status(status) == {}  # nothing for the law to resume from
 
 
 # ---------------------------------------------------------------- conditions

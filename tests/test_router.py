@@ -94,6 +94,8 @@ async def test_places_new_sessions_least_loaded_under_caps() -> None:
         assert rt.live() == {"e0": 2, "e1": 2, "e2": 2}
         assert await rt.metric("rolloutpool_router_live_sessions") == 6
         assert await rt.metric("rolloutpool_router_session_cap", replica="e1") == 2
+        async with rt.http.get(f"{rt.url}/metrics") as resp:
+            assert "measured_session_floor{" not in await resp.text()  # no maxModelLen: nothing projected
         assert await rt.metric("rolloutpool_router_placements_total") == 6
         status, body = await rt.request("GET", "/v1/models")
         assert status == 200
@@ -108,6 +110,8 @@ async def test_caps_derived_from_reported_kv_capacity() -> None:
         # 128 blocks * 16 = 2048 tokens; floor(2048 / (512 * 0.5) * 0.9) = 7
         assert rt.manager.replica("e0").cap == 7
         assert await rt.metric("rolloutpool_router_session_cap") == 7
+        # nothing finished yet: the prior, every session at maxModelLen (2048 * 0.9 // 512)
+        assert await rt.metric("rolloutpool_router_measured_session_floor", replica="e0") == 3
     await no_leaked_tasks()
 
 

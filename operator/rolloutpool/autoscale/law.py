@@ -66,7 +66,9 @@ class ReplicaSignals:
 class ReplicaControl:
     """The law's decision for one replica; kept in the pool's status so it survives a restart."""
 
-    cap: int
+    cap: int | None
+    """None: the operator sets no cap (autoscaling off); the router admits by projected KV tokens under
+    ``maxSessionsPerReplica``. The law never decides None; it starts a replica without a cap at :func:`initial_cap`."""
     changed_at: float | None = None
     """Unix time of the last cap change (cooldown)."""
     quarantined: bool = False
@@ -110,13 +112,15 @@ class LawParams:
     """...while its KV usage is at least this (when known): a queue with free KV blocks is not KV pressure."""
     rate_window_seconds: float = 120.0
     """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
-    slow_start_factor: float = 1.15
+    slow_start_factor: float = 1.05
     """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``) while KV
-    usage is under ``slow_start_near_usage``."""
+    usage is under ``slow_start_near_usage``. Gentle, because eviction shows minutes after the cap that caused it
+    (admitted sessions grow): x1.15 overshot into the long rollouts of a bimodal mix (0.88 of the best fixed cap at
+    3x); short contexts need no fast climb, the jump to the measured floor (``ReplicaSignals.kv_cap``) lifts them."""
     slow_start_near_usage: float = 0.5
     """KV usage from which the slow start climbs by ``slow_start_near_factor`` instead: nearer the cliff, whose
     signal lags the cap by minutes, a fast climb overshoots into a storm."""
-    slow_start_near_factor: float = 1.08
+    slow_start_near_factor: float = 1.05
     probe_seconds: float = 300.0
     """After this long without pressure just under the learned limit, the law probes one step higher."""
     severe_factor: float = 5.0
@@ -182,7 +186,7 @@ def decide_unobserved(*, previous: ReplicaControl | None, params: LawParams, now
     :func:`decide_replica` without signals falls back to the floor.)
     """
     start = initial_cap(params)
-    if previous is None:
+    if previous is None or previous.cap is None:
         return ReplicaControl(cap=start)
     return _without_signals(previous, held=previous.cap, most=start, now=now)
 
@@ -263,9 +267,9 @@ def decide_replica(
     cut, and while live sessions still exceed the cap. Without signals the replica falls back
     to the floor, unquarantined.
     """
-    if previous is None:
+    if previous is None or previous.cap is None:
         previous = ReplicaControl(cap=initial_cap(params))
-    current = _clamp(previous.cap, params)
+    current = _clamp(initial_cap(params) if previous.cap is None else previous.cap, params)
     if signals is None:  # blind: the floor
         return _without_signals(previous, held=current, most=params.floor, now=now)
     reason = pressure_reason(signals, params)
@@ -332,7 +336,9 @@ def classify_health(
 ) -> MetricsHealth:
     """``MetricsAvailable`` from what the read returned (pure)."""
     if not enabled:
-        return MetricsHealth(False, "AutoscalingDisabled", "autoscaling is disabled; caps stay at the spec's value")
+        return MetricsHealth(
+            False, "AutoscalingDisabled", "autoscaling is disabled; the routers admit by projected KV tokens"
+        )
     if not reachable:
         return MetricsHealth(False, "PrometheusUnreachable", f"Prometheus query failed: {error}".rstrip(": "))
     missing = sorted(name for name, s in signals.items() if s is None or s.kv_usage is None)

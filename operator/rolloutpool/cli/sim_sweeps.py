@@ -109,7 +109,11 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Markdown.")
+@click.option(
+    "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Every row as JSON (`rolloutpool.sim.compare.load_rows` reads it back).",
+)  # fmt: skip
 def compare_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     scenarios: tuple[str, ...],
     loads: tuple[float, ...],
@@ -119,9 +123,17 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     replicas: int,
     workers: int,
     out_file: Path | None,
+    json_file: Path | None,
 ) -> None:
     """Our caps (KV admission, fixed cap, adaptive law) over sticky least-loaded, side by side in one run."""
-    from rolloutpool.sim.compare import BASELINE, VARIANTS, compare_jobs, rows_markdown, run_compare  # noqa: PLC0415
+    from rolloutpool.sim.compare import (  # noqa: PLC0415
+        BASELINE,
+        VARIANTS,
+        compare_jobs,
+        rows_json,
+        rows_markdown,
+        run_compare,
+    )
     from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
@@ -146,3 +158,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text(table)
+    if json_file is not None:
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"replicas": replicas, "duration_s": duration_s, "wall_s": time.perf_counter() - started}
+        json_file.write_text(rows_json(rows, meta))

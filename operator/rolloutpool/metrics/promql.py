@@ -21,6 +21,7 @@ from rolloutpool.autoscale import ReplicaSignals
 from rolloutpool.routing.weights import FLUSHING_OPERATIONS
 
 __all__ = [
+    "MEASURED_FLOOR",
     "QUERY_NAMES",
     "assemble_signals",
     "build_queries",
@@ -30,6 +31,8 @@ __all__ = [
     "sample_values",
 ]
 
+MEASURED_FLOOR: Final = "rolloutpool_router_measured_session_floor"
+"""The router's measured floor (``ReplicaSignals.kv_cap``): the KV budget over finished sessions' p90 final context."""
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
 QUERY_NAMES: Final = (
@@ -43,6 +46,7 @@ QUERY_NAMES: Final = (
     "live_sessions",
     "router_sampled_at",
     "weight_updates",
+    "measured_floor",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -122,6 +126,8 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "weight_updates": _engine_sum(
             f"increase({vm.RL_WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"
         ),
+        # each router measures its own finished sessions: the most conservative router's floor
+        "measured_floor": f"min by (replica) (max by (replica, pod) ({MEASURED_FLOOR}{{{router}}}))",
     }
 
 
@@ -191,7 +197,7 @@ def assemble_signals(
     }
     by_replica = {
         name: sample_values(results.get(name, ()), label="replica")
-        for name in ("reprefill_tokens_per_s", "live_sessions", "router_sampled_at")
+        for name in ("reprefill_tokens_per_s", "live_sessions", "router_sampled_at", "measured_floor")
     }
     capacity = _capacities(results.get("cache_config", ()))
     signals: dict[str, ReplicaSignals | None] = {}
@@ -206,6 +212,7 @@ def assemble_signals(
             if t is not None and math.isfinite(t)
         ]
         live = _finite(by_replica["live_sessions"].get(replica))
+        floor = _finite(by_replica["measured_floor"].get(replica))
         signals[replica] = ReplicaSignals(
             kv_usage=_finite(by_pod["kv_usage"].get(replica)),
             preemptions_per_s=_finite(by_pod["preemptions_per_s"].get(replica)),
@@ -216,5 +223,6 @@ def assemble_signals(
             live_sessions=None if live is None else round(live),
             sampled_at=max(times) if times else None,
             weight_updates=_finite(by_pod["weight_updates"].get(replica)),
+            kv_cap=None if floor is None or floor < 1 else int(floor),
         )
     return signals

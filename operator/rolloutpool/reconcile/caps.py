@@ -210,7 +210,9 @@ def plan_controls(
 ) -> dict[str, ReplicaControl]:
     """One step of the slow loop: every replica's cap and quarantine (pure).
 
-    - Autoscaling disabled: the spec's cap (residency and headroom), never quarantined.
+    - Autoscaling disabled: no cap (``ReplicaControl.cap`` None), never quarantined: the router admits by
+      projected KV tokens of its live sessions under ``maxSessionsPerReplica`` (its measured contexts, with
+      ``expectedResidency`` only as the prior before any session finished), not a fixed residency cap.
     - Prometheus unreachable or stale: every replica falls back to its conservative floor.
     - Otherwise the law decides each replica from its own signals; a replica without
       signals of its own (a new pod not scraped yet) starts at, or drops to, the law's
@@ -223,18 +225,13 @@ def plan_controls(
     blind = health.reason in ("PrometheusUnreachable", "MetricsStale")
     controls: dict[str, ReplicaControl] = {}
     for name in replicas:
+        if not spec.autoscaling.enabled:
+            controls[name] = ReplicaControl(cap=None)  # the same every pass: no status churn
+            continue
         observed = None if blind else signals.get(name)
         capacity = (observed.kv_capacity_tokens if observed else None) or kv_capacity_tokens.get(name)
         capacity = capacity if capacity is not None else estimated_kv_capacity_tokens(spec)
         if capacity is None:
-            continue
-        if not spec.autoscaling.enabled:
-            caps = replica_caps(spec=spec, kv_capacity_tokens=capacity)
-            assert caps is not None  # noqa: S101 -- a capacity was given
-            before = previous.get(name)
-            same = before is not None and before.cap == caps.initial
-            changed_at = before.changed_at if same and before else now
-            controls[name] = ReplicaControl(cap=caps.initial, changed_at=changed_at, quarantined=False, reason=None)
             continue
         params = law_params(spec=spec, kv_capacity_tokens=capacity)
         if observed is None and not blind:

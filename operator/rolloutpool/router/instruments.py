@@ -48,6 +48,9 @@ class ReplicaGauges:
     inflight: int
     pressure: str | None = None
     """Why the router's own fast loop quarantines the replica (``Evicting``...); None when it does not."""
+    measured_floor: int | None = None
+    """Sessions the replica holds if each reaches the measured 90th-percentile final context
+    (:meth:`~rolloutpool.routing.ledger.Ledger.measured_floor`); None: not projected (no series)."""
 
 
 class _TableCollector(Collector):
@@ -73,6 +76,12 @@ class _TableCollector(Collector):
                 "not included), 0 for the other reasons",
                 labels=["replica", "reason"],
             ),
+            "measured_floor": GaugeMetricFamily(
+                f"{PREFIX}measured_session_floor",
+                "Sessions the replica's KV cache holds if each reaches the 90th percentile of finished sessions' "
+                "final contexts (the control law's slow start jumps to it); absent while unknown",
+                labels=["replica"],
+            ),
         }
         for r in self._replicas():
             gauges["live_sessions"].add_metric([r.name], r.live)
@@ -81,6 +90,8 @@ class _TableCollector(Collector):
             gauges["ready"].add_metric([r.name], float(r.ready))
             gauges["draining"].add_metric([r.name], float(r.draining))
             gauges["inflight"].add_metric([r.name], r.inflight)
+            if r.measured_floor is not None:
+                gauges["measured_floor"].add_metric([r.name], r.measured_floor)
             reasons: list[str] = list(PRESSURE_REASONS)
             if r.pressure is not None and r.pressure not in reasons:
                 reasons.append(r.pressure)  # a reason added later is exposed, not hidden

@@ -255,7 +255,8 @@ class SessionManager:
         for r in self.table.replicas.values():
             own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
             pressure = (own.pressure.reason or "Unknown") if own and own.pressure.quarantined else None
-            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure)
+            floor = self.ledger.measured_floor(r.name)
+            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, floor)
 
     # -- placement and admission -------------------------------------------------------
 

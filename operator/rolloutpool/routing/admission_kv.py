@@ -10,7 +10,7 @@ A session with context ``c`` is projected at ``c + growth_share * (F(c) - c)``, 
 mean final context of the finished sessions that reached at least ``c`` (a decayed histogram of
 final contexts): one that outlived the short rollouts of a bimodal mix is projected towards the
 long ones (at ``growth_share`` 0.5 a session would count at the mean of what it holds over the rest
-of its life; the default 0.25 oversubscribes on purpose). A new session's context is its prompt
+of its life; the default 0.1 oversubscribes on purpose). A new session's context is its prompt
 when the caller knows it, else the fleet's mean first context (prompt + first output).
 
 Before anything finished the histogram holds one prior observation at
@@ -38,10 +38,11 @@ class KvAdmissionConfig:
     """Fraction of the KV capacity kept out of the budget."""
     smoothing: float = 0.02
     """Weight of each new observation in the fleet's means and final-context histogram (exponential decay)."""
-    growth_share: float = 0.25
+    growth_share: float = 0.1
     """Share of its expected remaining growth a live session is projected with. 0.5 (its mean over the rest of its
-    life) admitted too few where contexts are long: some eviction pays for itself in bigger decode batches
-    (``rolloutpool simulate-compare`` at 3x: 0.25 beat 0.5 on all four long-context scenarios, docs/benchmarks.md)."""
+    life) and 0.25 admitted too few where contexts are long: some eviction pays for itself in bigger decode batches
+    (``rolloutpool simulate-compare`` at 2x, where sticky least-loaded re-prefills a fifth of its prefill and still
+    serves the most: 0.25 reached 0.92-0.97 of it, 0.1 0.97-1.0; docs/benchmarks.md). 0 admitted too many at 3x."""
     bins: int = 64
     """Buckets of the final-context histogram, over ``0..max_model_len``."""
 

@@ -152,6 +152,17 @@ class Ledger:
             kv_room=room,
         )
 
+    def measured_floor(self, name: str) -> int | None:
+        """Sessions a replica holds if each reaches the measured 90th-percentile final context; None: not projected.
+
+        :meth:`~rolloutpool.routing.admission_kv.KvProjection.measured_floor` over the replica's KV capacity: the
+        router exports it (``rolloutpool_router_measured_session_floor``), the control law's slow start jumps to it.
+        """
+        limits = self.limits.get(name)
+        if self.kv is None or limits is None or limits.capacity_tokens is None:
+            return None
+        return self.kv.measured_floor(capacity_tokens=limits.capacity_tokens)
+
     def _kv_cap(self, name: str) -> bool:
         """Recompute a replica's cap after its projected KV tokens changed (no event: it moves every turn)."""
         replica = self.table.replicas.get(name)

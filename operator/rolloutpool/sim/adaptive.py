@@ -127,10 +127,9 @@ class AdaptiveCaps:
             )  # fmt: skip
             before = self.controls[name]
             after = decide_replica(previous=before, signals=signals, params=self.params, now=now)
-            self.cuts += after.cap < before.cap
+            cap = initial_cap(self.params) if after.cap is None else after.cap  # the law always decides one
+            self.cuts += before.cap is not None and cap < before.cap
             self.quarantines += after.quarantined and not before.quarantined
             self.controls[name] = after
-            self.points.append(
-                ControlPoint(now, name, after.cap, live[name], after.quarantined, after.reason, after.limit)
-            )
+            self.points.append(ControlPoint(now, name, cap, live[name], after.quarantined, after.reason, after.limit))
         return self.controls

@@ -11,8 +11,11 @@ reacted to (a quarantine with none measured fired on noise).
 
 from __future__ import annotations
 
+import json
+import math
+import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
@@ -20,7 +23,19 @@ from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
 from rolloutpool.sim.workload import scenario
 
-__all__ = ["BASELINE", "VARIANTS", "CompareRow", "compare_jobs", "compare_rows", "rows_markdown", "run_compare"]
+__all__ = [
+    "BASELINE",
+    "VARIANTS",
+    "CompareRow",
+    "best_fixed",
+    "compare_jobs",
+    "compare_rows",
+    "load_rows",
+    "rows_json",
+    "rows_markdown",
+    "run_compare",
+    "summary_markdown",
+]
 
 BASELINE = "sticky-least-loaded"
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -122,3 +137,103 @@ def run_compare(
     """Run every job and compare."""
     done = run_jobs([j for _, j in jobs], workers=workers, on_done=on_done)
     return compare_rows([(label, job, result) for (label, _), (job, result, _w) in zip(jobs, done, strict=True)])
+
+
+def rows_json(rows: list[CompareRow], meta: dict[str, Any]) -> str:
+    """Every row and the run's settings as JSON (NaN ratios as null)."""
+    out = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
+    return json.dumps({"meta": meta, "rows": out}, indent=1) + "\n"
+
+
+def load_rows(text: str) -> list[CompareRow]:
+    """The rows `rows_json` wrote."""
+    names = {f.name for f in fields(CompareRow)}
+    rows = []
+    for raw in json.loads(text)["rows"]:
+        values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}
+        for key in ("vs_baseline", "baseline_evicted_share"):
+            values[key] = float("nan") if values.get(key) is None else values[key]
+        rows.append(CompareRow(**values))
+    return rows
+
+
+def best_fixed(
+    runs: Iterable[tuple[str, float, int, int | None, float]],
+) -> dict[tuple[str, float, int], tuple[int, float]]:
+    """(scenario, load, seed) -> the best fixed cap in hindsight and its tokens/s (pure).
+
+    ``runs`` are (scenario, load, seed, cap, tokens/s) of a ``simulate-caps`` sweep; adaptive runs (cap None) are
+    left out.
+    """
+    best: dict[tuple[str, float, int], tuple[int, float]] = {}
+    for name, load, seed, cap, tokens in runs:
+        key = (name, load, seed)
+        if cap is not None and (key not in best or tokens > best[key][1]):
+            best[key] = (cap, tokens)
+    return best
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return "" if not b else f"{a / b:.3f}"
+
+
+def summary_markdown(
+    rows: list[CompareRow], best: dict[tuple[str, float, int], tuple[int, float]] | None = None
+) -> str:
+    """The issue-15 table: one line per (scenario, load, seed), every variant over sticky least-loaded (pure).
+
+    With ``best`` (:func:`best_fixed`), the best fixed cap in hindsight and the adaptive law and KV admission over it.
+    Ends with the fast-quarantine check: every run that quarantined measured evicted re-prefill of live sessions.
+    """
+    points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
+    for r in rows:
+        points.setdefault((r.scenario, r.load, r.seed), {})[r.variant] = r
+    best = best or {}
+    lines = [
+        "| scenario | load | seed | sticky LL tok/s | LL evicted % | KV admission / LL | fixed cap / LL "
+        "| adaptive / LL | adaptive fast quar. | adaptive live re-prefill Mtok | law cuts | best fixed cap (tok/s) "
+        "| best fixed / LL | adaptive / best fixed | KV admission / best fixed |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for key, by in points.items():
+        base, kv, fixed, adaptive = (by.get(v) for v in (BASELINE, "kv-admission", "fixed-cap", "adaptive"))
+        if base is None:
+            continue
+        cap, tokens = best.get(key, (None, None))
+        cells = [
+            key[0], f"{key[1]:g}x", str(key[2]), f"{base.tokens_per_s:,.0f}", f"{100 * base.evicted_share:.1f}",
+            "" if kv is None else f"{kv.vs_baseline:.3f}", "" if fixed is None else f"{fixed.vs_baseline:.3f}",
+            "" if adaptive is None else f"{adaptive.vs_baseline:.3f}",
+            "" if adaptive is None else str(adaptive.fast_quarantines),
+            "" if adaptive is None else f"{adaptive.evicted_reprefill_tokens / 1e6:.2f}",
+            "" if adaptive is None or adaptive.law_cuts is None else str(adaptive.law_cuts),
+            "" if cap is None or tokens is None else f"{cap} ({tokens:,.0f})",
+            "" if tokens is None else _ratio(tokens, base.tokens_per_s),
+            "" if adaptive is None else _ratio(adaptive.tokens_per_s, tokens),
+            "" if kv is None else _ratio(kv.tokens_per_s, tokens),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    noisy = [r for r in rows if r.fast_quarantines > 0 and r.evicted_reprefill_tokens == 0]
+    check = (
+        f"Fast quarantines without measured evicted re-prefill: {len(noisy)} of {len(rows)} runs"
+        + "".join(f"; {r.scenario} {r.load:g}x seed {r.seed} {r.variant} ({r.fast_quarantines})" for r in noisy)
+        + "."
+    )
+    return "\n".join(lines) + "\n\n" + check + "\n"
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m rolloutpool.sim.compare COMPARE.json... [--caps SWEEP.json...]``: the summary table on stdout."""
+    from pathlib import Path  # noqa: PLC0415
+
+    split = argv.index("--caps") if "--caps" in argv else len(argv)
+    rows = [row for path in argv[:split] for row in load_rows(Path(path).read_text())]
+    runs = []
+    for path in argv[split + 1 :]:
+        for r in json.loads(Path(path).read_text())["runs"].values():
+            runs.append((r["scenario"], r["load"], r["seed"], r["cap"], r["row"]["tokens_per_s"]))
+    sys.stdout.write(summary_markdown(rows, best_fixed(runs)))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -455,10 +455,9 @@ class _Fleet:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
         engines = {n: d.engine for n, d in self.drivers.items()}
         live = {n: self.table.replicas[n].live for n in self.names}
-        kv = self.ledger.kv
         kv_caps = None
-        if kv is not None and self.cfg.kv_admission:  # what the router's measured contexts fit (a metric)
-            kv_caps = dict.fromkeys(self.names, kv.measured_floor(capacity_tokens=self.capacity))
+        if self.cfg.kv_admission:  # what the router's measured contexts fit (its measured_session_floor gauge)
+            kv_caps = {n: self.ledger.measured_floor(n) for n in self.names}
         controls = self.law.step(
             now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue),
             kv_caps=kv_caps,

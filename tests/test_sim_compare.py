@@ -1,0 +1,45 @@
+"""The compare table: rows to JSON and back, the best fixed cap in hindsight, the summary and its quarantine check."""
+
+from __future__ import annotations
+
+import math
+
+from rolloutpool.sim.compare import CompareRow, best_fixed, load_rows, rows_json, summary_markdown
+
+
+def _row(variant: str, tokens: float, *, quarantines: int = 0, evicted: int = 0, vs: float = math.nan) -> CompareRow:
+    return CompareRow(
+        scenario="bimodal", load=3.0, seed=0, variant=variant, in_flight=132, tokens_per_s=tokens, vs_baseline=vs,
+        baseline_evicted_share=0.5, evicted_share=0.1, fast_quarantines=quarantines, evicted_reprefill_tokens=evicted,
+        law_cuts=2 if variant == "adaptive" else None, law_quarantines=None, preemptions=0,
+    )  # fmt: skip
+
+
+def test_rows_survive_json_with_unknown_ratios() -> None:
+    rows = [_row("sticky-least-loaded", 1000.0, vs=1.0), _row("adaptive", 1250.0)]
+    back = load_rows(rows_json(rows, {"replicas": 4}))
+    assert back[0] == rows[0]
+    assert math.isnan(back[1].vs_baseline)
+    assert back[1].tokens_per_s == 1250.0
+
+
+def test_best_fixed_ignores_adaptive_runs_and_keeps_the_best_cap_per_point() -> None:
+    runs = [("bimodal", 3.0, 0, 24, 1200.0), ("bimodal", 3.0, 0, 26, 1300.0), ("bimodal", 3.0, 0, None, 9999.0)]
+    runs.append(("bimodal", 3.0, 1, 22, 1100.0))
+    assert best_fixed(runs) == {("bimodal", 3.0, 0): (26, 1300.0), ("bimodal", 3.0, 1): (22, 1100.0)}
+
+
+def test_summary_gives_the_ratios_and_names_quarantines_without_measured_eviction() -> None:
+    rows = [
+        _row("sticky-least-loaded", 1000.0, vs=1.0),
+        _row("kv-admission", 1200.0, vs=1.2, quarantines=3, evicted=5000),
+        _row("fixed-cap", 1100.0, vs=1.1, quarantines=2),
+        _row("adaptive", 1250.0, vs=1.25, quarantines=4, evicted=2_000_000),
+    ]
+    table = summary_markdown(rows, {("bimodal", 3.0, 0): (26, 1300.0)})
+    line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:] == ["1,000", "10.0", "1.200", "1.100", "1.250", "4", "2.00", "2", "26 (1,300)", "1.300",
+                         "0.962", "0.923"]  # fmt: skip
+    assert "1 of 4 runs; bimodal 3x seed 0 fixed-cap (2)" in table
+    assert "26 (" not in summary_markdown(rows)  # no sweep: no best fixed cap
