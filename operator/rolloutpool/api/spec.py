@@ -288,7 +288,10 @@ class ConcurrencySpec(SpecModel):
     """Per-replica caps on live sessions, derived from KV capacity."""
 
     expected_residency: float = Field(default=0.5, ge=0.01, le=1.0)
-    """Mean fraction of ``maxModelLen`` a live session keeps resident; 1.0 caps at the conservative floor."""
+    """Mean fraction of ``maxModelLen`` a live session keeps resident: the starting cap,
+    ``capacity / (maxModelLen x residency) x (1 - headroom)``, until the router has measured contexts (1.0
+    starts at the conservative floor). Without autoscaling the router's KV admission then follows the
+    measured contexts; with it, the control law starts here. ``maxSessionsPerReplica`` is the hard limit."""
 
     headroom: float = Field(default=0.1, ge=0.0, le=0.9)
     """Fraction of the oversubscribed cap kept free as a safety margin."""

@@ -85,7 +85,7 @@ class ReplicaStatus(StatusModel):
     """Sessions started on this replica and not yet released."""
 
     cap: int | None = Field(default=None, ge=0)
-    """Current cap on live sessions."""
+    """Cap on live sessions the control law set (autoscaling on); unset when the router's KV admission decides."""
 
     kv_capacity_tokens: int | None = Field(default=None, ge=0)
     """KV capacity reported by the engine (``num_gpu_blocks * block_size``)."""
