@@ -20,8 +20,8 @@ from rolloutpool.bench.adaptive import (
 from rolloutpool.bench.client import TrajectoryRecord, queued_mean
 from rolloutpool.bench.peers import ADAPTIVE, RouterLaunch, our_router_argv
 from rolloutpool.bench.runner import BenchResult, RouterRun
-from rolloutpool.bench.sweep import BASELINE, SweepPoint, SweepResult, ratio_rows, sweep_json
-from rolloutpool.bench.sweep_report import sweep_markdown, write_sweep_outputs
+from rolloutpool.bench.sweep import BASELINE, SweepPoint, SweepResult, median_rows, ratio_rows, sweep_json
+from rolloutpool.bench.sweep_report import median_markdown, sweep_markdown, write_combined_outputs, write_sweep_outputs
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.reconcile.caps import law_params
 from routerkit import engines, router
@@ -257,3 +257,32 @@ async def test_put_admin_limits_applies_a_pool_status_and_rejects_anything_else(
             assert status == 400
             assert "error" in body
         assert rt.manager.table.replicas["e0"].cap == 3  # a rejected body changed nothing
+
+
+def test_median_rows_take_each_runs_own_ratio_then_the_median(tmp_path: Path) -> None:
+    def row(router_name: str, tokens: float, ratio: float | None, **extra: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "scenario": "short-burst", "load": 3.0, "router": router_name, "in_flight": 96, "tokens_per_s": tokens,
+            "ratio": ratio, "evicted_pct": 1.0, "preemptions": 0, "completed": 10, "first_turn_p50_s": 1.0,
+            "first_turn_p90_s": 2.0, "queued_mean": 3.0, "law_cuts": None, "law_raises": None,
+            "law_quarantines": None, "law_mean_final_cap": None, "errors": 0,
+        }  # fmt: skip
+        return base | extra
+
+    runs = [
+        [row(BASELINE, 100.0, 1.0), row(ADAPTIVE, 95.0, 0.95, law_cuts=1, law_raises=4, law_mean_final_cap=20.0)],
+        [row(BASELINE, 80.0, 1.0), row(ADAPTIVE, 84.0, 1.05, law_cuts=3, law_raises=6, law_mean_final_cap=22.0)],
+        [row(BASELINE, 90.0, 1.0), row(ADAPTIVE, 99.0, 1.10, law_cuts=2, law_raises=5, law_mean_final_cap=21.0)],
+    ]
+    rows = median_rows(runs)
+    assert [(r["router"], r["runs"]) for r in rows] == [(BASELINE, 3), (ADAPTIVE, 3)]
+    adaptive = rows[1]
+    assert adaptive["ratio"] == 1.05  # the median of the per-run ratios, not a ratio of medians (95/90)
+    assert adaptive["ratios"] == [0.95, 1.05, 1.10]
+    assert adaptive["tokens_per_s"] == 95.0
+    assert adaptive["law_cuts"] == 2
+    assert rows[0]["law_cuts"] is None
+    text = "\n".join(median_markdown(rows))
+    assert "| short-burst | 3x | 96 | rolloutpool-adaptive | 95 | 1.050 | 0.950 / 1.050 / 1.100 |" in text
+    paths = write_combined_outputs(rows, ["a.json", "b.json", "c.json"], tmp_path)
+    assert [p.name for p in paths] == ["combined.json", "combined.md", "combined.png"]

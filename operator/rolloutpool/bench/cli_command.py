@@ -73,6 +73,23 @@ def _write_sweep(sweep: SweepResult, command: str, out_dir: Path) -> None:
     click.echo("Wrote " + ", ".join(map(str, paths)) + (f"; processes left behind: {leftovers}" if leftovers else ""))
 
 
+def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
+    from rolloutpool.bench.sweep import median_rows  # noqa: PLC0415
+    from rolloutpool.bench.sweep_report import median_markdown, write_combined_outputs  # noqa: PLC0415
+
+    runs = []
+    for path in paths:
+        try:
+            document = json.loads(path.read_text())
+            runs.append(document["ratios"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise click.UsageError(f"{path}: not the bench.json of a multi-point run ({err})") from err
+    rows = median_rows(runs)
+    click.echo("\n".join(median_markdown(rows)))
+    written = write_combined_outputs(rows, [str(p) for p in paths], out_dir)
+    click.echo("Wrote " + ", ".join(map(str, written)))
+
+
 @click.command("bench")
 @click.option(
     "--scenario",
@@ -142,6 +159,13 @@ def _write_sweep(sweep: SweepResult, command: str, out_dir: Path) -> None:
     "--wrk-duration", type=click.FloatRange(min=1), default=8.0, show_default=True, help="Seconds per wrk run."
 )
 @click.option(
+    "--combine",
+    "combine",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    help="Run nothing: the medians of earlier multi-point runs' bench.json files (repeatable), written to --out.",
+)
+@click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/bench"), show_default=True
 )
 def bench_command(  # noqa: PLR0917 - click passes every option as a positional parameter
@@ -168,6 +192,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     overhead_slice: float,
     overhead_only: bool,
     wrk_duration: float,
+    combine: tuple[Path, ...],
     out_dir: Path,
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
@@ -178,6 +203,9 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
     from rolloutpool.bench.sweep import run_sweep  # noqa: PLC0415
 
+    if combine:
+        _combine(combine, out_dir)
+        return
     chosen = routers or DEFAULT_ROUTERS
     if overhead_only:
         _overhead_only(chosen, vllm_router_bin, rounds=overhead_rounds, duration_s=wrk_duration, out_dir=out_dir)

@@ -9,14 +9,24 @@ in the same run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rolloutpool.bench.overhead import OverheadRow
 from rolloutpool.bench.runner import BenchConfig, BenchResult, RouterRun, run_bench, run_overhead
 
-__all__ = ["BASELINE", "SweepPoint", "SweepResult", "point_label", "ratio_rows", "run_sweep", "sweep_json"]
+__all__ = [
+    "BASELINE",
+    "SweepPoint",
+    "SweepResult",
+    "median_rows",
+    "point_label",
+    "ratio_rows",
+    "run_sweep",
+    "sweep_json",
+]
 
 BASELINE = "vllm-sticky-least-loaded"
 """The router every ratio is over (vllm-router's sticky least-loaded: no cap, the issue's reference)."""
@@ -128,3 +138,31 @@ def sweep_json(sweep: SweepResult) -> dict[str, Any]:
         ],
         "overhead": [asdict(r) for r in sweep.overhead],
     }
+
+
+_MEDIAN_FIELDS = (
+    "in_flight", "tokens_per_s", "ratio", "evicted_pct", "preemptions", "completed", "first_turn_p50_s",
+    "first_turn_p90_s", "queued_mean", "law_cuts", "law_raises", "law_quarantines", "law_mean_final_cap", "errors",
+)  # fmt: skip
+
+
+def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Ratio rows of repeated runs (e.g. one per seed) as one row per point and router, each figure's median (pure).
+
+    Each ratio is taken within its own run (side by side) before the median. ``ratios`` keeps every run's
+    ratio in run order; ``runs`` says how many runs had that point and router. Rows keep the order in which
+    points and routers first appear.
+    """
+    grouped: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for rows in runs:
+        for row in rows:
+            grouped.setdefault((row["scenario"], row["load"], row["router"]), []).append(row)
+    out = []
+    for (scenario, load, router), rows in grouped.items():
+        merged: dict[str, Any] = {"scenario": scenario, "load": load, "router": router, "runs": len(rows)}
+        for name in _MEDIAN_FIELDS:
+            values = [row[name] for row in rows if row.get(name) is not None]
+            merged[name] = statistics.median(values) if values else None
+        merged["ratios"] = [row.get("ratio") for row in rows]
+        out.append(merged)
+    return out
