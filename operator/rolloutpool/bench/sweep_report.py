@@ -29,7 +29,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
-    law = "-" if row["law_cuts"] is None else f"{row['law_cuts']}/{row['law_raises']}"
+    law = "-" if row["law_cuts"] is None else f"{row['law_cuts']:g}/{row['law_raises']:g}"
     return [
         row["scenario"],
         f"{row['load']:g}x",
