@@ -7,7 +7,8 @@ from collections import deque
 from pathlib import Path
 
 from rolloutpool.autoscale import ReplicaControl
-from rolloutpool.bench.adaptive import (
+from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.dev.bench.adaptive import (
     AdaptiveLaw,
     EngineScrape,
     RouterScrape,
@@ -17,12 +18,16 @@ from rolloutpool.bench.adaptive import (
     rate_over,
     status_document,
 )
-from rolloutpool.bench.client import TrajectoryRecord, queued_mean
-from rolloutpool.bench.peers import ADAPTIVE, RouterLaunch, our_router_argv
-from rolloutpool.bench.runner import BenchResult, RouterRun
-from rolloutpool.bench.sweep import BASELINE, SweepPoint, SweepResult, median_rows, ratio_rows, sweep_json
-from rolloutpool.bench.sweep_report import median_markdown, sweep_markdown, write_combined_outputs, write_sweep_outputs
-from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.dev.bench.client import TrajectoryRecord, queued_mean
+from rolloutpool.dev.bench.peers import ADAPTIVE, RouterLaunch, our_router_argv
+from rolloutpool.dev.bench.runner import BenchResult, RouterRun
+from rolloutpool.dev.bench.sweep import BASELINE, SweepPoint, SweepResult, median_rows, ratio_rows, sweep_json
+from rolloutpool.dev.bench.sweep_report import (
+    median_markdown,
+    sweep_markdown,
+    write_combined_outputs,
+    write_sweep_outputs,
+)
 from rolloutpool.reconcile.caps import law_params
 from routerkit import engines, router
 

@@ -1,4 +1,4 @@
-"""The I/O around :class:`~rolloutpool.bench.adaptive.AdaptiveLaw`: scrape, step, write the status.
+"""The I/O around :class:`~rolloutpool.dev.bench.adaptive.AdaptiveLaw`: scrape, step, write the status.
 
 Runs in the benchmark's event loop beside the client: every ``intervalSeconds / time_scale``
 wall seconds it reads each engine's and the router's ``/metrics``, runs one step of the
@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.bench.adaptive import (
+from rolloutpool.dev.bench.adaptive import (
     AdaptiveLaw,
     EngineScrape,
     parse_engine_scrape,

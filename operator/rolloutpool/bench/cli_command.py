@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from rolloutpool.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
+from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
 from rolloutpool.sim.workload import SCENARIOS, scenario
 
 if TYPE_CHECKING:
-    from rolloutpool.bench.sweep import SweepResult
+    from rolloutpool.dev.bench.sweep import SweepResult
 
 __all__ = ["bench_command"]
 
@@ -41,8 +41,8 @@ def _find_vllm_router(name: str) -> str:
 def _overhead_only(
     chosen: tuple[str, ...], vllm_router_bin: str, *, rounds: int, duration_s: float, out_dir: Path
 ) -> None:
-    from rolloutpool.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
-    from rolloutpool.bench.processes import ReadinessError  # noqa: PLC0415
+    from rolloutpool.dev.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
+    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
 
     peer = _find_vllm_router(vllm_router_bin) if any(r in VLLM_ROUTERS for r in chosen) else None
     config = OverheadOnlyConfig(out_dir=out_dir, vllm_router_bin=peer, rounds=rounds, duration_s=duration_s)
@@ -64,7 +64,7 @@ def _overhead_only(
 
 
 def _write_sweep(sweep: SweepResult, command: str, out_dir: Path) -> None:
-    from rolloutpool.bench.sweep_report import ratio_markdown, write_sweep_outputs  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep_report import ratio_markdown, write_sweep_outputs  # noqa: PLC0415
 
     sweep.command = command
     click.echo("\n".join(ratio_markdown(sweep)))
@@ -74,8 +74,8 @@ def _write_sweep(sweep: SweepResult, command: str, out_dir: Path) -> None:
 
 
 def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
-    from rolloutpool.bench.sweep import median_rows  # noqa: PLC0415
-    from rolloutpool.bench.sweep_report import median_markdown, write_combined_outputs  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep import median_rows  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep_report import median_markdown, write_combined_outputs  # noqa: PLC0415
 
     runs = []
     for path in paths:
@@ -197,11 +197,11 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
     # imported here, not at module level: every `rolloutpool` command imports this module
-    from rolloutpool.bench.overhead import OverheadConfig  # noqa: PLC0415
-    from rolloutpool.bench.processes import ReadinessError  # noqa: PLC0415
-    from rolloutpool.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
-    from rolloutpool.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
-    from rolloutpool.bench.sweep import run_sweep  # noqa: PLC0415
+    from rolloutpool.dev.bench.overhead import OverheadConfig  # noqa: PLC0415
+    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
+    from rolloutpool.dev.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
+    from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep import run_sweep  # noqa: PLC0415
 
     if combine:
         _combine(combine, out_dir)

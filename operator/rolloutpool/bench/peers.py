@@ -4,7 +4,7 @@ Each peer is configured at its best (DESIGN section 8):
 
 - ``rolloutpool``: our router alone (no operator), its default admission by projected KV tokens;
 - ``rolloutpool-adaptive``: our router with the operator's adaptive law driving its caps
-  (:mod:`rolloutpool.bench.adaptive`: the law runs in the bench, caps go in through ``PUT /admin/limits``);
+  (:mod:`rolloutpool.dev.bench.adaptive`: the law runs in the bench, caps go in through ``PUT /admin/limits``);
 - ``vllm-consistent-hash``: vllm-router ``--policy consistent_hash`` (the key is ``X-Session-ID``);
 - ``vllm-sticky-least-loaded``: ``--policy sticky_least_loaded``; the client calls
   ``POST /finish_session`` at every trajectory end;
@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutpool.engine.cost import CostModel
+from rolloutpool.engine.model.cost import CostModel
 
 __all__ = [
     "ADAPTIVE",

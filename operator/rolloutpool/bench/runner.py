@@ -18,13 +18,13 @@ from pathlib import Path
 
 import aiohttp
 
-from rolloutpool.bench.adaptive import bench_pool_spec
-from rolloutpool.bench.adaptive_loop import LawLoop, admin_token
-from rolloutpool.bench.client import ClientConfig, ClientResult, queued_mean, run_client
-from rolloutpool.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
-from rolloutpool.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our_router_argv, vllm_router_argv
-from rolloutpool.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
 from rolloutpool.capacity import conservative_cap
+from rolloutpool.dev.bench.adaptive import bench_pool_spec
+from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
+from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
+from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our_router_argv, vllm_router_argv
+from rolloutpool.dev.bench.processes import LOOPBACK, ProcessSet, free_port, pid_alive, rolloutpool_argv
 from rolloutpool.sim.workload import Lognormal, Scenario
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Several scenarios and loads in one ``rolloutpool bench`` run, and the ratios between routers.
 
 Each point (scenario x load) runs every router configuration on fresh engine-sim processes,
-exactly as a single ``bench`` does (:func:`rolloutpool.bench.runner.run_bench`, without the
+exactly as a single ``bench`` does (:func:`rolloutpool.dev.bench.runner.run_bench`, without the
 overhead measurement); the overhead measurement, if asked for, runs once at the end. Ratios
 are each router's generated tokens per second over the baseline's at the same point, measured
 in the same run.
@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from rolloutpool.bench.overhead import OverheadRow
-from rolloutpool.bench.runner import BenchConfig, BenchResult, RouterRun, run_bench, run_overhead
+from rolloutpool.dev.bench.overhead import OverheadRow
+from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, RouterRun, run_bench, run_overhead
 
 __all__ = [
     "BASELINE",

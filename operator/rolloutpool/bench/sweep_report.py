@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rolloutpool.bench.report import markdown as point_markdown
-from rolloutpool.bench.sweep import BASELINE, SweepResult, point_label, ratio_rows, sweep_json
+from rolloutpool.dev.bench.report import markdown as point_markdown
+from rolloutpool.dev.bench.sweep import BASELINE, SweepResult, point_label, ratio_rows, sweep_json
 
 __all__ = [
     "median_markdown",
@@ -63,7 +63,7 @@ def ratio_markdown(sweep: SweepResult) -> list[str]:
 
 
 def median_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    """The table of :func:`~rolloutpool.bench.sweep.median_rows`: medians, and each run's ratio (markdown lines)."""
+    """The table of :func:`~rolloutpool.dev.bench.sweep.median_rows`: medians, and each run's ratio (markdown lines)."""
     columns = (*_COLUMNS[:6], "per run", *_COLUMNS[6:])
     return _table(rows, columns)
 
