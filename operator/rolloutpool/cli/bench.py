@@ -10,12 +10,16 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
 from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
 from rolloutpool.sim.workload import SCENARIOS, scenario
+
+if TYPE_CHECKING:
+    from rolloutpool.dev.bench.sweep import SweepResult
 
 __all__ = ["bench_command"]
 
@@ -59,9 +63,40 @@ def _overhead_only(
     click.echo(f"Wrote {out_dir / 'summary.json'} and {out_dir / 'summary.md'}")
 
 
+def _write_sweep(sweep: SweepResult, command: str, out_dir: Path) -> None:
+    from rolloutpool.dev.bench.sweep_report import ratio_markdown, write_sweep_outputs  # noqa: PLC0415
+
+    sweep.command = command
+    click.echo("\n".join(ratio_markdown(sweep)))
+    paths = write_sweep_outputs(sweep, out_dir)
+    leftovers = [pid for p in sweep.points for run in p.result.runs for pid in run.leftover_pids]
+    click.echo("Wrote " + ", ".join(map(str, paths)) + (f"; processes left behind: {leftovers}" if leftovers else ""))
+
+
+def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
+    from rolloutpool.dev.bench.sweep import median_rows  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep_report import median_markdown, write_combined_outputs  # noqa: PLC0415
+
+    runs = []
+    for path in paths:
+        try:
+            document = json.loads(path.read_text())
+            runs.append(document["ratios"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise click.UsageError(f"{path}: not the bench.json of a multi-point run ({err})") from err
+    rows = median_rows(runs)
+    click.echo("\n".join(median_markdown(rows)))
+    written = write_combined_outputs(rows, [str(p) for p in paths], out_dir)
+    click.echo("Wrote " + ", ".join(map(str, written)))
+
+
 @click.command("bench")
 @click.option(
-    "--scenario", "scenario_name", type=click.Choice(sorted(SCENARIOS)), default="agentic-grpo", show_default=True
+    "--scenario",
+    "scenario_names",
+    type=click.Choice(sorted(SCENARIOS)),
+    multiple=True,
+    help="Workload (repeatable: every scenario at every --load, one report). Default: agentic-grpo.",
 )
 @click.option(
     "--context-scale",
@@ -92,10 +127,10 @@ def _overhead_only(
 @click.option("--in-flight", type=click.IntRange(min=0), default=0, help="Trajectories in flight (0: --load x floor).")
 @click.option(
     "--load",
+    "loads",
     type=click.FloatRange(min=0.01),
-    default=2.0,
-    show_default=True,
-    help="In-flight trajectories as a multiple of the fleet's conservative capacity.",
+    multiple=True,
+    help="In-flight trajectories as a multiple of the fleet's conservative capacity (repeatable). Default: 2.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed (same for every router).")
 @click.option("--engine-seed", type=int, default=0, show_default=True)
@@ -124,10 +159,17 @@ def _overhead_only(
     "--wrk-duration", type=click.FloatRange(min=1), default=8.0, show_default=True, help="Seconds per wrk run."
 )
 @click.option(
+    "--combine",
+    "combine",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    help="Run nothing: the medians of earlier multi-point runs' bench.json files (repeatable), written to --out.",
+)
+@click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/bench"), show_default=True
 )
 def bench_command(  # noqa: PLR0917 - click passes every option as a positional parameter
-    scenario_name: str,
+    scenario_names: tuple[str, ...],
     context_scale: float,
     routers: tuple[str, ...],
     replicas: int,
@@ -136,7 +178,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     time_scale: float,
     duration_s: float,
     in_flight: int,
-    load: float,
+    loads: tuple[float, ...],
     seed: int,
     engine_seed: int,
     residency: float,
@@ -150,6 +192,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     overhead_slice: float,
     overhead_only: bool,
     wrk_duration: float,
+    combine: tuple[Path, ...],
     out_dir: Path,
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
@@ -158,7 +201,11 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
     from rolloutpool.dev.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
     from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
+    from rolloutpool.dev.bench.sweep import run_sweep  # noqa: PLC0415
 
+    if combine:
+        _combine(combine, out_dir)
+        return
     chosen = routers or DEFAULT_ROUTERS
     if overhead_only:
         _overhead_only(chosen, vllm_router_bin, rounds=overhead_rounds, duration_s=wrk_duration, out_dir=out_dir)
@@ -167,44 +214,64 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
         raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
     if any(r in VLLM_ROUTERS for r in chosen):
         vllm_router_bin = _find_vllm_router(vllm_router_bin)
-    config = BenchConfig(
-        scenario=scaled_scenario(scenario(scenario_name), context_scale=context_scale, max_model_len=max_model_len),
-        routers=tuple(chosen),
-        replicas=replicas,
-        kv_capacity_tokens=kv_capacity_tokens,
-        time_scale=time_scale,
-        duration_s=duration_s,
-        in_flight=in_flight,
-        load=load,
-        seed=seed,
-        engine_seed=engine_seed,
-        residency=residency,
-        headroom=headroom,
-        scrape_interval_s=scrape_interval,
-        queue_timeout_s=queue_timeout,
-        vllm_router_bin=vllm_router_bin,
-        out_dir=out_dir,
-        context_scale=context_scale,
-        overhead=OverheadConfig(concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice)
-        if overhead
-        else None,
-    )
+    scenarios = scenario_names or ("agentic-grpo",)
+    points = [(name, load) for name in dict.fromkeys(scenarios) for load in dict.fromkeys(loads or (2.0,))]
+    if in_flight and len(points) > 1:
+        raise click.UsageError("--in-flight fixes one size; with several --scenario/--load give --load instead")
+    configs = [
+        (
+            name,
+            load,
+            BenchConfig(
+                scenario=scaled_scenario(scenario(name), context_scale=context_scale, max_model_len=max_model_len),
+                routers=tuple(chosen),
+                replicas=replicas,
+                kv_capacity_tokens=kv_capacity_tokens,
+                time_scale=time_scale,
+                duration_s=duration_s,
+                in_flight=in_flight,
+                load=load,
+                seed=seed,
+                engine_seed=engine_seed,
+                residency=residency,
+                headroom=headroom,
+                scrape_interval_s=scrape_interval,
+                queue_timeout_s=queue_timeout,
+                vllm_router_bin=vllm_router_bin,
+                out_dir=out_dir,
+                context_scale=context_scale,
+                overhead=OverheadConfig(
+                    concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice
+                )
+                if overhead
+                else None,
+            ),
+        )
+        for name, load in points
+    ]
     started = time.monotonic()
 
     def progress(message: str) -> None:
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}")
 
+    command = shlex.join(["rolloutpool", *sys.argv[1:]])
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = run_bench(config, progress)
+        if len(configs) == 1:
+            result = run_bench(configs[0][2], progress)
+        else:
+            sweep = run_sweep(configs, progress, overhead_from=configs[0][2])
     except KeyboardInterrupt:
         click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
         sys.exit(130)
-    except ReadinessError as err:
+    except (ReadinessError, RuntimeError) as err:
         raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
     finally:
         signal.signal(signal.SIGTERM, previous)
-    result.config["command"] = shlex.join(["rolloutpool", *sys.argv[1:]])
+    if len(configs) > 1:
+        _write_sweep(sweep, command, out_dir)
+        return
+    result.config["command"] = command
     _console.print(runs_table(result))
     if result.overhead:
         _console.print(overhead_table(result))

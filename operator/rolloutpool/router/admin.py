@@ -4,6 +4,11 @@
   reason, readiness, draining, in-flight requests and the last scraped signals.
 - ``POST /admin/replicas/{name}/drain`` (``?undo=true`` to undo): no new sessions,
   existing ones stay until released.
+- ``PUT /admin/limits``: the operator's caps and quarantine without Kubernetes. The body is a
+  RolloutPool ``status`` (``{"replicaStatus": [{"name", "index", "cap", "quarantined", "reason"}]}``),
+  applied as a whole exactly as the router applies the pool's status when it watches the pool
+  (``--pool``): what the benchmark's in-process control loop writes. A body that does not parse
+  is a 400 and changes nothing.
 - ``/admin/rl/{call}`` (any method; ``call`` one of
   :data:`~rolloutpool.routing.weights.WEIGHT_SYNC_CALLS`: ``pause``, ``resume``,
   ``update_weights``, ``update_weight_version``, ``reset_prefix_cache``, ...): one URL
@@ -34,9 +39,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import ValidationError
 
+from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.sessions import SessionManager
+from rolloutpool.routing.discovery import operator_limits
 from rolloutpool.routing.weights import WEIGHT_SYNC_CALLS, call_flushes
 
 __all__ = ["FAN_OUT_TIMEOUT_S", "AdminAPI", "fan_out_status"]
@@ -117,6 +125,25 @@ class AdminAPI:
         self.manager.set_draining(name, draining)
         replica = self.manager.replica(name)
         body = {"name": name, "draining": replica.draining, "live_sessions": replica.live}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def limits(self, request: web.Request) -> web.Response:
+        """``PUT /admin/limits``: the operator's per-replica caps and quarantine, from a pool status document."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        try:
+            document = json.loads(await request.read())
+            RolloutPoolStatus.model_validate(document)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return error_response(400, "The body must be a JSON RolloutPool status.")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            return error_response(400, f"Not a RolloutPool status: {where}: {first['msg']}.", param=where)
+        limits = operator_limits({"status": document})
+        unknown = sorted(set(limits) - set(self.manager.table.replicas))
+        self.manager.set_operator_limits(limits)
+        body = {"applied": len(limits), "unknown": unknown}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def fan_out(self, request: web.Request) -> web.Response:

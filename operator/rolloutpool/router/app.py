@@ -278,6 +278,7 @@ def build_app(
     add.add_post("/finish_session", service.sessions.finish)
     add.add_get("/admin/replicas", service.admin.replicas)
     add.add_post("/admin/replicas/{name}/drain", service.admin.drain)
+    add.add_put("/admin/limits", service.admin.limits)
     add.add_get("/healthz", service.healthz)
     add.add_get("/readyz", service.readyz)
     add.add_get("/metrics", service.prometheus)

@@ -31,6 +31,7 @@ __all__ = [
     "TurnRecord",
     "observation_text",
     "prompt_text",
+    "queued_mean",
     "reprefilled_tokens",
     "run_client",
 ]
@@ -123,6 +124,8 @@ class TrajectoryRecord:
     started: float
     """Wall clock (``time.monotonic``)."""
     turns: int = 0
+    first_turn_at: float | None = None
+    """Wall clock when the first turn's response arrived (admission queueing + the first turn)."""
     finished: float | None = None
     completed: bool = False
     """Ended by its drawn turns or ``max_model_len`` inside the window."""
@@ -154,6 +157,23 @@ class ClientResult:
     def reprefilled_tokens(self) -> int:
         """Sum over every turn."""
         return sum(t.reprefilled_tokens for t in self.turns)
+
+
+def queued_mean(records: list[TrajectoryRecord], *, window_start: float, window_end: float) -> float:
+    """Time-averaged trajectories waiting for their first response over the window (pure).
+
+    A trajectory waits from its start until its first turn answers (or the window ends): the
+    router's admission queue plus the first turn itself, the same for every router.
+    """
+    span = window_end - window_start
+    if span <= 0:
+        return 0.0
+    waited = 0.0
+    for record in records:
+        begin = max(record.started, window_start)
+        end = min(record.first_turn_at if record.first_turn_at is not None else window_end, window_end)
+        waited += max(0.0, end - begin)
+    return waited / span
 
 
 class _Driver:
@@ -246,6 +266,8 @@ class _Driver:
                     )
                 )
                 record.turns = turn + 1
+                if turn == 0:
+                    record.first_turn_at = time.monotonic()
                 previous_context = prompt + completion - 1
                 context = prompt + completion
                 observation = trajectory.observations[turn]

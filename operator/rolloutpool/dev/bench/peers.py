@@ -2,7 +2,9 @@
 
 Each peer is configured at its best (DESIGN section 8):
 
-- ``rolloutpool``: our router, caps derived from each replica's KV capacity;
+- ``rolloutpool``: our router alone (no operator), its default admission by projected KV tokens;
+- ``rolloutpool-adaptive``: our router with the operator's adaptive law driving its caps
+  (:mod:`rolloutpool.dev.bench.adaptive`: the law runs in the bench, caps go in through ``PUT /admin/limits``);
 - ``vllm-consistent-hash``: vllm-router ``--policy consistent_hash`` (the key is ``X-Session-ID``);
 - ``vllm-sticky-least-loaded``: ``--policy sticky_least_loaded``; the client calls
   ``POST /finish_session`` at every trajectory end;
@@ -29,8 +31,10 @@ from typing import Any
 from rolloutpool.engine.model.cost import CostModel
 
 __all__ = [
+    "ADAPTIVE",
     "DEFAULT_ROUTERS",
     "OURS",
+    "OUR_ROUTERS",
     "ROUTER_NAMES",
     "VLLM_ROUTERS",
     "RouterLaunch",
@@ -40,6 +44,9 @@ __all__ = [
 ]
 
 OURS = "rolloutpool"
+ADAPTIVE = "rolloutpool-adaptive"
+OUR_ROUTERS: tuple[str, ...] = (OURS, ADAPTIVE)
+"""The configurations that run our router."""
 VLLM_ROUTERS: dict[str, str] = {
     "vllm-consistent-hash": "consistent_hash",
     "vllm-sticky-least-loaded": "sticky_least_loaded",
@@ -49,7 +56,7 @@ VLLM_ROUTERS: dict[str, str] = {
     "vllm-round-robin": "round_robin",
 }
 """Benchmark name -> vllm-router ``--policy`` (program scheduling keeps consistent hash as its fallback)."""
-ROUTER_NAMES: tuple[str, ...] = (OURS, *VLLM_ROUTERS)
+ROUTER_NAMES: tuple[str, ...] = (*OUR_ROUTERS, *VLLM_ROUTERS)
 """Every configuration ``bench`` can run."""
 DEFAULT_ROUTERS: tuple[str, ...] = (OURS, "vllm-consistent-hash", "vllm-sticky-least-loaded", "vllm-program")
 """What ``bench`` runs unless told otherwise: vllm-router's session-aware configurations."""
@@ -74,6 +81,8 @@ class RouterLaunch:
     """New (uncached) tokens of a typical returning turn: calibrates ``decode_throughput_alpha``."""
     prometheus_port: int = 0
     """vllm-router's metrics port (it binds one; never its default 29000)."""
+    admin_token_file: str | None = None
+    """Our router's admin token (``rolloutpool-adaptive`` writes the operator's caps through the admin API)."""
 
 
 def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
@@ -89,6 +98,8 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
         "--queue-timeout", str(launch.queue_timeout_s),
         "--queue-max", "100000",
     ]  # fmt: skip
+    if launch.admin_token_file is not None:
+        argv += ["--admin-token-file", launch.admin_token_file]
     return argv
 
 

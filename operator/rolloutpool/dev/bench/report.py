@@ -15,8 +15,8 @@ from rolloutpool.dev.bench.runner import BenchResult, RouterRun
 __all__ = ["markdown", "overhead_table", "result_json", "runs_table", "write_outputs"]
 
 _RUN_COLUMNS = (
-    "router", "in-flight", "gen tok/s", "completed", "traj/h", "re-prefill tok", "preempt",
-    "hit %", "p50 s", "p90 s", "retries", "errors",
+    "router", "in-flight", "gen tok/s", "completed", "traj/h", "re-prefill tok", "evicted %", "preempt",
+    "hit %", "p50 s", "p90 s", "first turn p50 s", "retries", "errors",
 )  # fmt: skip
 _OVERHEAD_COLUMNS = ("target", "requests", "req/s", "median ms", "p99 ms", "+median ms", "+p99 ms", "errors")
 
@@ -33,10 +33,12 @@ def _run_cells(run: RouterRun) -> list[str]:
         str(run.completed),
         _fmt(run.completed_per_hour),
         _fmt(run.reprefilled_tokens),
+        _fmt(run.evicted_pct, 1),
         str(run.preemptions),
         _fmt(run.prefix_hit_ratio * 100, 1),
         _fmt(run.p50_trajectory_s, 1),
         _fmt(run.p90_trajectory_s, 1),
+        _fmt(run.first_turn_p50_s, 1),
         str(run.retries),
         str(run.errors),
     ]
@@ -104,7 +106,8 @@ def markdown(result: BenchResult) -> str:
         "",
         "gen tok/s, traj/h, p50/p90 are per simulated second (wall x time scale); tokens and preemptions are",
         "the engines' counter deltas over the window; re-prefill is the shortfall of cached_tokens against the",
-        "session's previous prompt + completion - 1 (whole blocks).",
+        "session's previous prompt + completion - 1 (whole blocks); evicted % is it over the prefilled tokens;",
+        "first turn: a trajectory's start to its first response (admission queueing included).",
     ]
     if result.overhead:
         lines += ["", "## Router overhead at saturation", ""]

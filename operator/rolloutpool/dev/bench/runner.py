@@ -9,6 +9,7 @@ by pid that nothing is left. Then, optionally, the router overhead measurement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import statistics
 from collections.abc import Callable
@@ -19,9 +20,11 @@ import aiohttp
 
 from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.capacity import conservative_cap
-from rolloutpool.dev.bench.client import ClientConfig, ClientResult, run_client
+from rolloutpool.dev.bench.adaptive import bench_pool_spec
+from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
-from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, vllm_router_argv
+from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our_router_argv, vllm_router_argv
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
@@ -148,6 +151,17 @@ class RouterRun:
     """Every process of this configuration (engines and router)."""
     leftover_pids: list[int]
     """Those still alive after the stop (should be none)."""
+    prefill_tokens: int = 0
+    """Prompt tokens the engines computed (prompt - cached, every turn)."""
+    evicted_pct: float = 0.0
+    """Re-prefilled tokens over prefilled tokens, in percent."""
+    first_turn_p50_s: float | None = None
+    """Start of a trajectory to its first response (simulated seconds): admission queueing included."""
+    first_turn_p90_s: float | None = None
+    queued_mean: float = 0.0
+    """Trajectories waiting for their first response, averaged over the window."""
+    law: dict[str, object] | None = None
+    """``rolloutpool-adaptive``: the law's steps, cuts, raises, quarantines and final caps."""
 
 
 @dataclass
@@ -168,18 +182,30 @@ async def _scrape(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, flo
     return totals
 
 
-async def _drive(engine_urls: list[str], client: ClientConfig) -> tuple[ClientResult, dict[str, float]]:
-    """Run the client; return its result and the engines' counter deltas over the window."""
+async def _drive(
+    engine_urls: list[str], client: ClientConfig, law: LawLoop | None = None
+) -> tuple[ClientResult, dict[str, float]]:
+    """Run the client (and the law, if any); return its result and the engines' counter deltas over the window."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        before = await _scrape(http, engine_urls)
+        law_task = None
+        if law is not None:
+            await law.start(http)
+            law_task = asyncio.create_task(law.run(http))
+        try:
+            before = await _scrape(http, engine_urls)
 
-        async def at_deadline() -> dict[str, float]:
-            await asyncio.sleep(client.duration_s)
-            return await _scrape(http, engine_urls)
+            async def at_deadline() -> dict[str, float]:
+                await asyncio.sleep(client.duration_s)
+                return await _scrape(http, engine_urls)
 
-        after_task = asyncio.create_task(at_deadline())
-        result = await run_client(client)
-        after = await after_task
+            after_task = asyncio.create_task(at_deadline())
+            result = await run_client(client)
+            after = await after_task
+        finally:
+            if law_task is not None:
+                law_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await law_task
     return result, {k: after[k] - before[k] for k in _COUNTERS}
 
 
@@ -189,6 +215,12 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
     sim_window = window * ts
     times = [t for t in (r.sim_seconds(ts) for r in result.completed) if t is not None]
     queries = deltas[vm.total(vm.PREFIX_CACHE_QUERIES)]
+    prefill = sum(t.prompt_tokens - t.cached_tokens for t in result.turns)
+    waits = [
+        (r.first_turn_at - r.started) * ts
+        for r in result.trajectories
+        if r.first_turn_at is not None and r.first_turn_at <= result.window_end
+    ]
     return RouterRun(
         router=name,
         in_flight=config.resolved_in_flight,
@@ -211,6 +243,11 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
         finish_failures=result.finish_failures,
         pids=[],
         leftover_pids=[],
+        prefill_tokens=prefill,
+        evicted_pct=100.0 * result.reprefilled_tokens / prefill if prefill else 0.0,
+        first_turn_p50_s=statistics.median(waits) if waits else None,
+        first_turn_p90_s=percentile(waits, 0.9) if waits else None,
+        queued_mean=queued_mean(result.trajectories, window_start=result.window_start, window_end=result.window_end),
     )
 
 
@@ -228,7 +265,7 @@ def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens
 
 def _start_router(procs: ProcessSet, name: str, launch: RouterLaunch, config: BenchConfig) -> str:
     url = f"http://{LOOPBACK}:{launch.port}"
-    if name == OURS:
+    if name in OUR_ROUTERS:
         argv = our_router_argv(launch, prefix=rolloutpool_argv())
         procs.start(name, argv, ready_url=f"{url}/readyz", timeout_s=config.ready_timeout_s)
     else:
@@ -237,7 +274,14 @@ def _start_router(procs: ProcessSet, name: str, launch: RouterLaunch, config: Be
     return url
 
 
-def _launch(config: BenchConfig, engine_urls: list[str], *, kv_tokens: int, max_model_len: int | None) -> RouterLaunch:
+def _launch(
+    config: BenchConfig,
+    engine_urls: list[str],
+    *,
+    kv_tokens: int,
+    max_model_len: int | None,
+    admin_token_file: str | None = None,
+) -> RouterLaunch:
     return RouterLaunch(
         replica_urls=tuple(engine_urls),
         port=free_port(),
@@ -250,6 +294,7 @@ def _launch(config: BenchConfig, engine_urls: list[str], *, kv_tokens: int, max_
         headroom=config.headroom,
         typical_prefill_tokens=config.typical_prefill_tokens,
         prometheus_port=free_port(),
+        admin_token_file=admin_token_file,
     )
 
 
@@ -264,8 +309,26 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
             url = f"http://{LOOPBACK}:{port}"
             procs.start(f"engine-{i}", argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
             engine_urls.append(url)
-        launch = _launch(config, engine_urls, kv_tokens=config.kv_capacity_tokens, max_model_len=config.max_model_len)
+        token, token_file = admin_token(procs.log_dir) if name == ADAPTIVE else (None, None)
+        launch = _launch(
+            config,
+            engine_urls,
+            kv_tokens=config.kv_capacity_tokens,
+            max_model_len=config.max_model_len,
+            admin_token_file=None if token_file is None else str(token_file),
+        )
         router_url = _start_router(procs, name, launch, config)
+        law = None
+        if token is not None:
+            spec = bench_pool_spec(
+                replicas=config.replicas,
+                max_model_len=config.max_model_len,
+                kv_capacity_tokens=config.kv_capacity_tokens,
+                expected_residency=config.residency,
+                headroom=config.headroom,
+                time_scale=config.time_scale,
+            )
+            law = LawLoop.for_router(spec, engine_urls, router_url=router_url, admin_token=token)
         progress(
             f"{name}: {config.replicas} engines and the router are ready; "
             f"driving {config.resolved_in_flight} trajectories for {config.duration_s:.0f} s"
@@ -278,15 +341,19 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
             duration_s=config.duration_s,
             time_scale=config.time_scale,
         )
-        result, deltas = asyncio.run(_drive(engine_urls, client))
+        result, deltas = asyncio.run(_drive(engine_urls, client, law))
         pids = procs.pids
     run = _summarize(name, config, result, deltas)
+    if law is not None:
+        run.law = law.report()
     run.pids = pids
     run.leftover_pids = [pid for pid in pids if pid_alive(pid)]
     progress(
         f"{name}: {run.generated_tokens:,} tokens generated, {run.completed} trajectories completed, "
         f"{run.reprefilled_tokens:,} tokens re-prefilled, {run.preemptions} preemptions"
-    )
+        + ("" if run.law is None else f"; law: {run.law['cuts']} cuts, {run.law['raises']} raises, "
+           f"mean final cap {run.law['mean_final_cap']:.1f}")
+    )  # fmt: skip
     return run
 
 
