@@ -55,19 +55,21 @@ def results_table(runs: list[tuple[Job, RunResult, float]], title: str) -> Table
     return table
 
 
-def ratios(runs: list[tuple[Job, RunResult, float]]) -> dict[float, dict[str, float]]:
-    """Throughput of ours over each peer, per load."""
+def ratios(
+    runs: list[tuple[Job, RunResult, float]], *, ours: str = _OURS, peers: tuple[str, ...] = _RATIO_PEERS
+) -> dict[float, dict[str, float]]:
+    """Throughput of policy ``ours`` over each of ``peers`` that ran, per load (pure)."""
     by_load: dict[float, dict[str, RunResult]] = defaultdict(dict)
     for job, result, _ in runs:
         by_load[job.load][result.policy] = result
     out: dict[float, dict[str, float]] = {}
     for load, results in sorted(by_load.items()):
-        ours = results.get(_OURS)
-        if ours is None:
+        mine = results.get(ours)
+        if mine is None:
             continue
         out[load] = {
-            peer: ours.tokens_per_s / results[peer].tokens_per_s
-            for peer in _RATIO_PEERS
+            peer: mine.tokens_per_s / results[peer].tokens_per_s
+            for peer in peers
             if peer in results and results[peer].tokens_per_s > 0
         }
     return out

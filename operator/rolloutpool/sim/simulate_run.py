@@ -7,7 +7,6 @@ and their checks.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -97,21 +96,10 @@ def replica_from_options(options: Mapping[str, Any], *, max_model_len: int) -> R
 
 
 def adaptive_ratios(runs: list[tuple[Job, RunResult, float]]) -> dict[float, dict[str, float]]:
-    """Throughput of the adaptive policy over each peer that ran, per load (pure)."""
-    by_load: dict[float, dict[str, RunResult]] = defaultdict(dict)
-    for job, result, _ in runs:
-        by_load[job.load][result.policy] = result
-    out: dict[float, dict[str, float]] = {}
-    for load, results in sorted(by_load.items()):
-        adaptive = results.get(ADAPTIVE)
-        if adaptive is None:
-            continue
-        out[load] = {
-            peer: adaptive.tokens_per_s / results[peer].tokens_per_s
-            for peer in _ADAPTIVE_PEERS
-            if peer in results and results[peer].tokens_per_s > 0
-        }
-    return out
+    """Throughput of the adaptive policy over each peer that ran, per load."""
+    from rolloutpool.sim.report import ratios  # noqa: PLC0415 - matplotlib only when a run has finished
+
+    return ratios(runs, ours=ADAPTIVE, peers=_ADAPTIVE_PEERS)
 
 
 def ratio_lines(runs: list[tuple[Job, RunResult, float]]) -> list[str]:
