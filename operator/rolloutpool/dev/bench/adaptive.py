@@ -15,11 +15,12 @@ Nothing here does I/O; times are passed in.
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.api.spec import RolloutPoolSpec
@@ -36,27 +37,16 @@ __all__ = [
     "parse_engine_scrape",
     "parse_router_scrape",
     "rate_over",
+    "samples",
     "status_document",
 ]
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _ROUTER = "rolloutpool_router_"
 
 
-def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """``(name, labels, value)`` of every sample line of a Prometheus text exposition."""
-    rows = []
-    for line in text.splitlines():
-        match = _LINE.match(line)
-        if match is None:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        rows.append((match.group(1), dict(_LABEL.findall(match.group(2) or "")), value))
-    return rows
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` of every sample of a Prometheus text exposition (prometheus_client's parser)."""
+    return [(x.name, x.labels, x.value) for f in text_string_to_metric_families(text) for x in f.samples]
 
 
 @dataclass(frozen=True)
@@ -87,7 +77,7 @@ def parse_engine_scrape(text: str) -> EngineScrape:
     gauges: dict[str, float] = {}
     counters = {"preemptions": 0.0, "hits": 0.0, "queries": 0.0}
     capacity: int | None = None
-    for name, labels, value in _samples(text):
+    for name, labels, value in samples(text):
         if name == vm.KV_CACHE_USAGE:  # max over a pod's engines, as the operator's query
             gauges[name] = max(gauges.get(name, 0.0), value)
         elif name == vm.NUM_REQUESTS_WAITING:  # summed over a pod's engines
@@ -119,7 +109,7 @@ def parse_router_scrape(text: str) -> RouterScrape:
     reprefill: dict[str, float] = {}
     queue = 0
     floor: dict[str, int] = {}
-    for name, labels, value in _samples(text):
+    for name, labels, value in samples(text):
         replica = labels.get("replica")
         if name == f"{_ROUTER}live_sessions" and replica is not None:
             live[replica] = round(value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import aiohttp
 
 from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.capacity import conservative_cap
-from rolloutpool.dev.bench.adaptive import bench_pool_spec
+from rolloutpool.dev.bench.adaptive import bench_pool_spec, samples
 from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
@@ -68,10 +67,9 @@ def scaled_scenario(base: Scenario, *, context_scale: float, max_model_len: int)
 def metric_totals(text: str, names: tuple[str, ...] = _COUNTERS) -> dict[str, float]:
     """Each metric in ``names`` summed over its label sets, from Prometheus text (pure)."""
     totals = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if match and match.group(1) in totals:
-            totals[match.group(1)] += float(match.group(3))
+    for name, _, value in samples(text):
+        if name in totals:
+            totals[name] += value
     return totals
 
 
