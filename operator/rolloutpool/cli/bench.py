@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -30,6 +32,23 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through every ProcessSet, which stops its children
 
 
+@contextlib.contextmanager
+def _processes_stopped_on_exit() -> Iterator[None]:
+    """SIGTERM as Ctrl-C while a benchmark runs; either, or a failure, ends in one line saying so."""
+    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
+
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
+        sys.exit(130)
+    except (ReadinessError, RuntimeError) as err:
+        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _find_vllm_router(name: str) -> str:
     # on PATH, or installed next to this Python (a venv's bin/ when the venv is not activated)
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
@@ -42,21 +61,12 @@ def _overhead_only(
     chosen: tuple[str, ...], vllm_router_bin: str, *, rounds: int, duration_s: float, out_dir: Path
 ) -> None:
     from rolloutpool.dev.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
-    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
 
     peer = _find_vllm_router(vllm_router_bin) if any(r in VLLM_ROUTERS for r in chosen) else None
     config = OverheadOnlyConfig(out_dir=out_dir, vllm_router_bin=peer, rounds=rounds, duration_s=duration_s)
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _sigterm)
-    try:
+    with _processes_stopped_on_exit():
         summary = run_overhead_only(config, lambda m: click.echo(f"[{time.monotonic() - started:6.1f}s] {m}"))
-    except KeyboardInterrupt:
-        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
-        sys.exit(130)
-    except (ReadinessError, RuntimeError) as err:
-        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     summary["command"] = shlex.join(["rolloutpool", *sys.argv[1:]])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     click.echo(markdown(summary))
@@ -198,7 +208,6 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
     # imported here, not at module level: every `rolloutpool` command imports this module
     from rolloutpool.dev.bench.overhead import OverheadConfig  # noqa: PLC0415
-    from rolloutpool.dev.bench.processes import ReadinessError  # noqa: PLC0415
     from rolloutpool.dev.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
     from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
     from rolloutpool.dev.bench.sweep import run_sweep  # noqa: PLC0415
@@ -255,19 +264,11 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}")
 
     command = shlex.join(["rolloutpool", *sys.argv[1:]])
-    previous = signal.signal(signal.SIGTERM, _sigterm)
-    try:
+    with _processes_stopped_on_exit():
         if len(configs) == 1:
             result = run_bench(configs[0][2], progress)
         else:
             sweep = run_sweep(configs, progress, overhead_from=configs[0][2])
-    except KeyboardInterrupt:
-        click.echo("Interrupted; every process the benchmark started was stopped.", err=True)
-        sys.exit(130)
-    except (ReadinessError, RuntimeError) as err:
-        raise click.ClickException(f"{err} (every process the benchmark started was stopped)") from err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if len(configs) > 1:
         _write_sweep(sweep, command, out_dir)
         return
