@@ -32,14 +32,15 @@ def test_best_fixed_ignores_adaptive_runs_and_keeps_the_best_cap_per_point() -> 
 def test_summary_gives_the_ratios_and_names_quarantines_without_measured_eviction() -> None:
     rows = [
         _row("sticky-least-loaded", 1000.0, vs=1.0),
-        _row("kv-admission", 1200.0, vs=1.2, quarantines=3, evicted=5000),
+        _row("router-alone", 1200.0, vs=1.2, quarantines=3, evicted=5000),
+        _row("kv-projection", 1150.0, vs=1.15, quarantines=3, evicted=6000),
         _row("fixed-cap", 1100.0, vs=1.1, quarantines=2),
         _row("adaptive", 1250.0, vs=1.25, quarantines=4, evicted=2_000_000),
     ]
     table = summary_markdown(rows, {("bimodal", 3.0, 0): (26, 1300.0)})
     line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3:] == ["1,000", "10.0", "1.200", "1.100", "1.250", "4", "2.00", "2", "26 (1,300)", "1.300",
-                         "0.962", "0.923"]  # fmt: skip
-    assert "1 of 4 runs; bimodal 3x seed 0 fixed-cap (2)" in table
+    assert cells[3:] == ["1,000", "10.0", "1.200", "1.150", "1.100", "1.250", "4", "2.00", "2", "26 (1,300)",
+                         "1.300", "0.962", "0.923"]  # fmt: skip
+    assert "1 of 5 runs; bimodal 3x seed 0 fixed-cap (2)" in table
     assert "26 (" not in summary_markdown(rows)  # no sweep: no best fixed cap

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from rolloutpool.routing.eviction_budget import REPREFILL_BUDGET_TOKENS_PER_S
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
 from rolloutpool.routing.weights import law_holds
 
@@ -100,7 +101,7 @@ class LawParams:
     increase_step: int = 1
     tolerance: float = 0.05
     """Band under ``target_kv_usage`` in which the cap holds (anti-flap)."""
-    reprefill_tokens_per_s: float = 2000.0
+    reprefill_tokens_per_s: float = REPREFILL_BUDGET_TOKENS_PER_S
     """Re-prefill rate of live sessions (tokens/s, over ``rate_window_seconds``) above which a replica is under
     pressure. Some eviction pays for itself through bigger decode batches: the default is ~10 % of an 8B model's
     prefill rate on one H100, about where the simulator's throughput-vs-cap curves peak."""

@@ -34,6 +34,23 @@ __all__ = ["router_command"]
 @click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
 @click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
 @click.option("--cap-ceiling", type=click.IntRange(min=0), default=None)
+@click.option(
+    "--reprefill-budget",
+    type=click.FloatRange(min=0),
+    default=2000.0,
+    show_default=True,
+    metavar="TOKENS_PER_S",
+    help="Derived caps admit past the KV projection while the replicas' measured re-prefill of evicted live "
+    "prefixes stays under this (per replica; engine time, so x --time-scale for engine-sims); 0: off.",
+)
+@click.option(
+    "--reprefill-budget-window",
+    type=click.FloatRange(min=0.01),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Window of that measured rate (/ --time-scale for engine-sims).",
+)
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
 @click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
 @click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
@@ -84,6 +101,8 @@ def router_command(
     residency: float,
     headroom: float,
     cap_ceiling: int | None,
+    reprefill_budget: float,
+    reprefill_budget_window: float,
     idle_timeout: float,
     queue_max: int,
     queue_timeout: float,
@@ -106,6 +125,7 @@ def router_command(
 
     from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
     from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
+    from rolloutpool.routing.eviction_budget import EvictionBudgetConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
 
     try:
@@ -135,6 +155,11 @@ def router_command(
             "expected_residency": residency,
             "headroom": headroom,
             "cap_ceiling": cap_ceiling,
+            "eviction_budget": EvictionBudgetConfig(
+                reprefill_tokens_per_s=reprefill_budget, window_seconds=reprefill_budget_window
+            )
+            if reprefill_budget > 0
+            else None,
             "idle_timeout_s": idle_timeout,
             "queue_max": queue_max,
             "queue_timeout_s": queue_timeout,

@@ -30,6 +30,7 @@ from rolloutpool.reconcile.labels import (
     router_name,
     router_selector,
 )
+from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 
 __all__ = [
     "STATE_PATH",
@@ -263,6 +264,11 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
     ]
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
+    simulator = spec.engine.simulator
+    if simulator is not None and simulator.time_scale != 1.0:  # the eviction budget is engine time
+        budget = EvictionBudgetConfig().scaled(simulator.time_scale)
+        args.append(f"--reprefill-budget={_number(budget.reprefill_tokens_per_s)}")
+        args.append(f"--reprefill-budget-window={_number(budget.window_seconds)}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl

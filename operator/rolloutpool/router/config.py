@@ -16,6 +16,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from rolloutpool.routing.caps import CapRule, effective_cap
+from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
@@ -75,6 +76,9 @@ class RouterConfig:
     """Fraction of the oversubscribed cap kept free (derived caps)."""
     cap_ceiling: int | None = None
     """Hard limit on a derived cap."""
+    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
+    """With derived caps and no operator cap: admit past the KV projection while measured eviction is cheap
+    (:mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
     co_locate_groups: bool = True
     """Prefer a replica already holding members of the session's group."""
 
@@ -204,6 +208,7 @@ def ledger_config(config: RouterConfig) -> LedgerConfig:
     return LedgerConfig(
         caps=cap_rule(config),
         quarantine=config.quarantine,
+        eviction_budget=config.eviction_budget,
         queue_max=config.queue_max,
         default_block_size=config.default_block_size,
     )

@@ -183,11 +183,14 @@ class KvProjection:
 
     # -- the decision -------------------------------------------------------------------------
 
-    def room(self, replica: str, *, capacity_tokens: int, prompt_tokens: int = 0) -> int:
-        """How many more new sessions fit the replica's KV budget by projection (pure; never negative)."""
+    def room(self, replica: str, *, capacity_tokens: int, prompt_tokens: int = 0, scale: float = 1.0) -> int:
+        """How many more new sessions fit the replica's KV budget by projection (pure; never negative).
+
+        ``scale`` multiplies the budget (an eviction budget's factor, :mod:`~rolloutpool.routing.eviction_budget`).
+        """
         state = self.replicas.get(replica)
         used = 0.0 if state is None else state.tokens
-        budget = capacity_tokens * (1.0 - self.config.headroom) - used
+        budget = capacity_tokens * (1.0 - self.config.headroom) * scale - used
         need = self.project(self.first_estimate(prompt_tokens)) if prompt_tokens > 0 else self.need
         return max(0, int(budget // max(need, 1.0)))
 

@@ -47,6 +47,7 @@ from rolloutpool.routing.events import (
     Waiting,
     Withdrawn,
 )
+from rolloutpool.routing.eviction_budget import EvictionBudget
 from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
 from rolloutpool.routing.policies import Placement, Policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
@@ -82,6 +83,9 @@ class Ledger:
             else None
         )
         """Projected KV tokens of live sessions, for derived caps (:mod:`~rolloutpool.routing.admission_kv`)."""
+        budget = config.eviction_budget
+        self.budget = None if budget is None or self.kv is None else EvictionBudget(budget)
+        """How far past the projection caps admit while measured eviction is cheap (routing/eviction_budget.py)."""
         self._holding = False
         """Admissions wait (one operator status applies as a whole)."""
 
@@ -120,6 +124,8 @@ class Ledger:
         if self.kv is not None:
             self.kv.replica_removed(name)
         self.weights.forget_replica(name)
+        if self.budget is not None:
+            self.budget.forget(name)
         for session in lost:
             self.weights.forget(session.session_id)
         self.events.extend(Released(s, "replica_lost") for s in lost)
@@ -140,17 +146,26 @@ class Ledger:
         """The effective cap of a replica, from its limits (:func:`~rolloutpool.routing.caps.effective_cap`)."""
         limits = self.limits[name]
         replica = self.table.replicas.get(name)
+        live = 0 if replica is None else replica.live
         room = None
         if self.kv is not None and limits.capacity_tokens is not None:
-            room = self.kv.room(name, capacity_tokens=limits.capacity_tokens)
+            scale = self.budget.scale if self._budgeted(name) and self.budget is not None else 1.0
+            room = self.kv.room(name, capacity_tokens=limits.capacity_tokens, scale=scale)
         return effective_cap(
             self.config.caps,
             replica_cap=limits.fixed_cap,
             capacity_tokens=limits.capacity_tokens,
             operator_cap=None if limits.operator is None else limits.operator.cap,
-            live=0 if replica is None else replica.live,
+            live=live,
             kv_room=room,
         )
+
+    def _budgeted(self, name: str) -> bool:
+        """Whether the eviction budget sets the replica's cap: it has one, and no fixed cap or operator cap applies."""
+        limits = self.limits[name]
+        if self.budget is None or limits.fixed_cap is not None or self.config.caps.fixed is not None:
+            return False
+        return limits.operator is None or limits.operator.cap is None
 
     def measured_floor(self, name: str) -> int | None:
         """Sessions a replica holds if each reaches the measured 90th-percentile final context; None: not projected.
@@ -394,11 +409,22 @@ class Ledger:
             block_size=limits.block_size,
             prefix_caching=limits.prefix_caching,
         )
+        budget = self.budget if self._budgeted(session.replica) else None
+        if budget is not None:
+            budget.observe(session.replica, now=now, tokens=counted)
         pressure = limits.pressure
         if pressure is None:
             return expected, counted
         before = pressure.quarantines
-        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=expected - counted)
+        shortfall = pressure.observe_response(
+            now=now,
+            expected_cached=expected,
+            cached=expected - counted,
+            # under a budget, eviction within it is no pressure: it pays for itself (routing/eviction_budget.py)
+            window_tokens=None
+            if budget is None
+            else int(budget.config.reprefill_tokens_per_s * pressure.config.window_seconds),
+        )
         self._sync_quarantine(session.replica, now=now, entered=pressure.quarantines > before)
         return expected, shortfall
 
@@ -480,7 +506,13 @@ class Ledger:
         Called once per scrape round by the router and the simulator: between two refreshes a cap
         moves only with its own replica's sessions, so it stays what :meth:`cap_of` says.
         """
-        if self.kv is None or not self.kv.refresh():
+        if self.kv is None:
+            return
+        refreshed = self.kv.refresh()
+        stepped = self.budget is not None and self.budget.step(
+            [name for name in self.table.replicas if self._budgeted(name)], now=now, waiting=bool(self.queue)
+        )
+        if not refreshed and not stepped:
             return
         raised = [name for name in list(self.table.replicas) if self._kv_cap(name)]
         if raised:

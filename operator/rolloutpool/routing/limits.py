@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import PressureState, QuarantineConfig
 
 __all__ = ["LedgerConfig", "ReplicaLimits"]
@@ -18,6 +19,9 @@ class LedgerConfig:
     caps: CapRule = field(default_factory=CapRule)
     quarantine: QuarantineConfig | None = field(default_factory=QuarantineConfig)
     """The fast quarantine's thresholds; None: no fast quarantine (the peers' policies in the simulator)."""
+    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
+    """How far past the KV projection a replica admits while its measured eviction is cheap
+    (:mod:`~rolloutpool.routing.eviction_budget`); None: the projection alone. Only with KV admission."""
     queue_max: int | None = None
     """New sessions that may wait; None: unbounded."""
     default_block_size: int = 16

@@ -84,8 +84,13 @@ class PressureState:
         self.reason = reason
         self.last_pressure = now
 
-    def observe_response(self, *, now: float, expected_cached: int, cached: int) -> int:
-        """A returning session's response; returns the re-prefilled (evicted) tokens."""
+    def observe_response(
+        self, *, now: float, expected_cached: int, cached: int, window_tokens: int | None = None
+    ) -> int:
+        """A returning session's response; returns the re-prefilled (evicted) tokens.
+
+        ``window_tokens`` raises ``min_window_tokens`` (an eviction budget's rate over the window).
+        """
         shortfall = max(0, expected_cached - cached)
         cfg = self.config
         if shortfall >= cfg.min_evicted_tokens and shortfall >= cfg.evicted_fraction * expected_cached:
@@ -93,7 +98,7 @@ class PressureState:
             self.evicted_sum += shortfall
             while self.evicted and self.evicted[0][0] < now - cfg.window_seconds:
                 self.evicted_sum -= self.evicted.popleft()[1]
-            if self.evicted_sum >= cfg.min_window_tokens:
+            if self.evicted_sum >= max(cfg.min_window_tokens, window_tokens or 0):
                 self._pressure(now, PressureReason.EVICTING)
         return shortfall
 

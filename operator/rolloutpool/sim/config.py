@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
 from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
 from rolloutpool.sim.workload import Scenario
@@ -36,6 +37,9 @@ class FleetConfig:
     kv_admission: bool = True
     """Our policy also admits a new session only while its replica's projected KV tokens fit (the router's
     default); False: by the session-count cap alone (the fixed cap from ``expected_residency``)."""
+    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
+    """Our policy's KV admission also admits past its projection while measured eviction is cheap (the router's
+    default, :mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
     fixed_cap: int | None = None
     """Override the residency-derived cap of capped policies (hindsight sweeps)."""
     co_locate_groups: bool = True

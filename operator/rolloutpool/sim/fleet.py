@@ -110,7 +110,13 @@ class _Fleet:
             )
         quarantine = config.quarantine if ours else None
         self.ledger = Ledger(
-            LedgerConfig(caps=rule, quarantine=quarantine, default_block_size=ecfg.block_size), policy=policy
+            LedgerConfig(
+                caps=rule,
+                quarantine=quarantine,
+                eviction_budget=config.eviction_budget if ours else None,
+                default_block_size=ecfg.block_size,
+            ),
+            policy=policy,
         )
         self.table = self.ledger.table
         for n in self.names:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 
 __all__ = [
     "ADAPTIVE",
@@ -93,6 +94,9 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
     if launch.max_model_len is not None:
         argv += ["--max-model-len", str(launch.max_model_len)]
         argv += ["--residency", str(launch.residency), "--headroom", str(launch.headroom)]
+        budget = EvictionBudgetConfig().scaled(launch.time_scale)  # engine time: the engine-sims run time-scaled
+        argv += ["--reprefill-budget", f"{budget.reprefill_tokens_per_s:g}"]
+        argv += ["--reprefill-budget-window", f"{budget.window_seconds:g}"]
     argv += [
         "--scrape-interval", str(launch.scrape_interval_s),
         "--queue-timeout", str(launch.queue_timeout_s),

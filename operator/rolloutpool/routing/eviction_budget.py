@@ -1,0 +1,147 @@
+"""Eviction that pays: how far past its KV projection a replica admits, learned from its measured re-prefill (pure).
+
+KV admission (:mod:`~rolloutpool.routing.admission_kv`) admits while the projected contexts of a
+replica's live sessions fit its cache. Where a re-prefill is dear (long contexts, an engine busy
+prefilling) that is the right cap. Where contexts are short and rollouts spend most of their time in
+tool calls, it holds sessions back from an engine that idles with a cache full of idle prefixes:
+evicting those and re-prefilling them when their sessions return costs a few milliseconds of engine
+time per turn, while every session held back costs its whole rollout. Sticky least-loaded, which
+admits everyone, then serves more (``rolloutpool bench --load 3``: 0.66x of it before this module).
+
+The budget tells the two cases apart from what the router measures: the evicted re-prefill of live
+sessions (the shortfalls of ``cached_tokens`` the fast quarantine sees), per replica, as a rate over
+``window_seconds``. It scales the KV budget of every replica's projection by one factor
+(:attr:`EvictionBudget.scale`, at least 1: never fewer sessions than the projection admits), moved
+at most every sixth of ``window_seconds``:
+
+- the mean rate over ``reprefill_tokens_per_s``: eviction costs more than it buys, the factor falls by
+  ``step_factor`` (down to 1);
+- under ``grow_below`` of it while new sessions wait: one more eviction pays for itself, the factor
+  rises by ``step_factor`` (up to ``max_scale``);
+- otherwise it holds.
+
+One factor for the fleet, applied to each replica's own KV tokens, keeps the replicas balanced (a
+replica alone over-admitted would take the whole queue from least-loaded placement). The factor is used
+by :meth:`rolloutpool.routing.ledger.Ledger.cap_of` while no operator cap and no fixed cap apply (the
+operator's control law then decides, with the same threshold). The default budget is the law's
+(:data:`REPREFILL_BUDGET_TOKENS_PER_S`): about 10 % of an 8B model's prefill rate on one H100, where the
+simulator's throughput-versus-cap curves peak. It is engine time, so an engine that runs ``k`` times
+faster (``engine-sim --time-scale k``) takes ``k`` times the budget and ``1/k`` the windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+__all__ = ["REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
+
+REPREFILL_BUDGET_TOKENS_PER_S = 2000.0
+"""Evicted re-prefill of live sessions (tokens/s per replica) above which eviction is pressure: the router's
+budget and the control law's threshold (``LawParams.reprefill_tokens_per_s``)."""
+
+
+@dataclass(frozen=True)
+class EvictionBudgetConfig:
+    """How the factor moves."""
+
+    reprefill_tokens_per_s: float = REPREFILL_BUDGET_TOKENS_PER_S
+    window_seconds: float = 60.0
+    """Window of the measured rate: a few turns of every session, so one long re-prefill is no storm. The factor
+    moves at most every sixth of it, and rises at most once per window (and not in the first one): the eviction a
+    rise causes shows only when the sessions it admitted return from their tool calls, longer each turn."""
+    grow_below: float = 0.8
+    """The factor rises while the mean rate is under this share of the budget (and sessions wait)."""
+    step_factor: float = 1.1
+    max_scale: float = 8.0
+
+    def __post_init__(self) -> None:
+        if not (self.reprefill_tokens_per_s > 0 and self.window_seconds > 0):
+            raise ValueError("eviction budget: reprefill_tokens_per_s and window_seconds must be positive")
+        if not (0 < self.grow_below <= 1 and self.step_factor > 1 and self.max_scale >= 1):
+            raise ValueError("eviction budget: grow_below in (0, 1], step_factor > 1 and max_scale >= 1")
+
+    @property
+    def step_seconds(self) -> float:
+        """Time between two moves of the factor."""
+        return self.window_seconds / 6.0
+
+    def scaled(self, time_scale: float) -> EvictionBudgetConfig:
+        """The same budget for an engine ``time_scale`` times faster than real time (pure)."""
+        return replace(
+            self,
+            reprefill_tokens_per_s=self.reprefill_tokens_per_s * time_scale,
+            window_seconds=self.window_seconds / time_scale,
+        )
+
+
+@dataclass
+class _Window:
+    evicted: deque[tuple[float, int]] = field(default_factory=deque)
+    total: int = 0
+
+
+class EvictionBudget:
+    """The fleet's factor and the evicted re-prefill each replica measured (pure)."""
+
+    def __init__(self, config: EvictionBudgetConfig) -> None:
+        self.config = config
+        self.scale = 1.0
+        """Multiplier of every replica's KV budget in its projection (1: the projection alone)."""
+        self.rises = 0
+        self.falls = 0
+        self._windows: dict[str, _Window] = {}
+        self._since: float | None = None
+        self._last_step = -math.inf
+        self._last_move = -math.inf
+
+    def observe(self, replica: str, *, now: float, tokens: int) -> None:
+        """A returning turn of a live session on ``replica`` re-prefilled ``tokens`` of its evicted prefix (0: none)."""
+        if self._since is None:
+            self._since = now
+        window = self._windows.setdefault(replica, _Window())
+        if tokens > 0:
+            window.evicted.append((now, tokens))
+            window.total += tokens
+
+    def forget(self, replica: str) -> None:
+        """A replica left the fleet."""
+        self._windows.pop(replica, None)
+
+    def rate(self, replica: str, now: float) -> float:
+        """The replica's evicted re-prefill tokens per second over the window (0 before any turn returned)."""
+        window = self._windows.get(replica)
+        if window is None or self._since is None:
+            return 0.0
+        horizon = now - self.config.window_seconds
+        while window.evicted and window.evicted[0][0] < horizon:
+            window.total -= window.evicted.popleft()[1]
+        span = max(min(self.config.window_seconds, now - self._since), self.config.step_seconds)
+        return window.total / span
+
+    def step(self, replicas: list[str], *, now: float, waiting: bool) -> bool:
+        """Move the factor once per ``step_seconds`` from the mean rate of ``replicas``; whether it moved.
+
+        ``waiting``: new sessions wait for a slot (a factor nobody waits for stays put).
+        """
+        cfg = self.config
+        if now - self._last_step < cfg.step_seconds or self._since is None or not replicas:
+            return False
+        self._last_step = now
+        mean = sum(self.rate(name, now) for name in replicas) / len(replicas)
+        if mean > cfg.reprefill_tokens_per_s and self.scale > 1.0:
+            self.scale = max(1.0, self.scale / cfg.step_factor)
+            self.falls += 1
+        elif (
+            waiting
+            and mean < cfg.grow_below * cfg.reprefill_tokens_per_s
+            and self.scale < cfg.max_scale
+            and now - max(self._last_move, self._since) >= cfg.window_seconds
+        ):
+            self.scale = min(cfg.max_scale, self.scale * cfg.step_factor)
+            self.rises += 1
+        else:
+            return False
+        self._last_move = now
+        return True

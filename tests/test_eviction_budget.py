@@ -1,0 +1,167 @@
+"""The eviction budget: admission past the KV projection while measured eviction is cheap (pure, and in the ledger)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rolloutpool.routing.caps import CapRule
+from rolloutpool.routing.discovery import OperatorLimit
+from rolloutpool.routing.events import Admitted, Bound, Queued
+from rolloutpool.routing.eviction_budget import EvictionBudget, EvictionBudgetConfig
+from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
+from rolloutpool.routing.policies import Placement, SessionAware
+from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.routing.table import Session
+
+WINDOW = 60.0
+BUDGET = 2000.0
+
+
+def _budget() -> EvictionBudget:
+    return EvictionBudget(EvictionBudgetConfig(reprefill_tokens_per_s=BUDGET, window_seconds=WINDOW))
+
+
+def test_the_rate_is_the_evicted_tokens_of_the_window_per_second() -> None:
+    budget = _budget()
+    assert budget.rate("a", 0.0) == 0.0  # nothing returned yet
+    budget.observe("a", now=0.0, tokens=0)
+    budget.observe("a", now=30.0, tokens=60_000)
+    assert budget.rate("a", 30.0) == pytest.approx(60_000 / 30.0)  # the first window: over the time seen
+    assert budget.rate("a", 60.0) == pytest.approx(1000.0)
+    assert budget.rate("a", 91.0) == 0.0  # the eviction left the window
+    assert budget.rate("b", 60.0) == 0.0
+
+
+def test_the_factor_rises_once_a_window_while_sessions_wait_and_eviction_is_cheap() -> None:
+    budget = _budget()
+    budget.observe("a", now=0.0, tokens=0)
+    assert not budget.step(["a"], now=30.0, waiting=True)  # not in the first window
+    assert budget.step(["a"], now=60.0, waiting=True)
+    assert budget.scale == pytest.approx(1.1)
+    assert not budget.step(["a"], now=80.0, waiting=True)  # at most once a window
+    assert budget.step(["a"], now=120.0, waiting=True)
+    assert budget.scale == pytest.approx(1.21)
+    assert not budget.step(["a"], now=200.0, waiting=False)  # nobody waits: it holds
+    assert budget.scale == pytest.approx(1.21)
+    assert budget.rises == 2
+
+
+def test_eviction_near_the_budget_holds_and_over_it_the_factor_falls_to_one() -> None:
+    budget = _budget()
+    budget.observe("a", now=0.0, tokens=0)
+    budget.step(["a"], now=60.0, waiting=True)
+    budget.step(["a"], now=120.0, waiting=True)
+    budget.observe("a", now=125.0, tokens=int(0.9 * BUDGET * WINDOW))  # 0.9 of the budget: between the marks
+    assert not budget.step(["a"], now=130.0, waiting=True)
+    budget.observe("a", now=131.0, tokens=int(0.5 * BUDGET * WINDOW))  # now over it
+    assert budget.step(["a"], now=140.0, waiting=True)
+    assert budget.scale == pytest.approx(1.1)
+    assert budget.step(["a"], now=150.0, waiting=True)
+    assert budget.scale == 1.0
+    assert not budget.step(["a"], now=160.0, waiting=True)  # never under the projection
+    assert budget.scale == 1.0 and budget.falls == 2
+
+
+def test_the_mean_over_replicas_decides_and_max_scale_bounds_the_factor() -> None:
+    budget = EvictionBudget(EvictionBudgetConfig(window_seconds=WINDOW, max_scale=1.15))
+    budget.observe("a", now=0.0, tokens=0)
+    budget.observe("b", now=59.0, tokens=int(1.5 * BUDGET * WINDOW))  # b alone at 1.5x: a mean of 0.75x
+    assert budget.step(["a", "b"], now=60.0, waiting=True)
+    assert budget.step(["a", "b"], now=130.0, waiting=True)  # 1.1 * 1.1 would pass max_scale ...
+    assert budget.scale == pytest.approx(1.15)  # ... which it stops at
+    assert not budget.step(["a", "b"], now=200.0, waiting=True)
+    assert not budget.step([], now=300.0, waiting=True)
+
+
+def test_a_faster_engine_takes_a_scaled_budget_and_bad_settings_are_refused() -> None:
+    scaled = EvictionBudgetConfig().scaled(10.0)
+    assert scaled.reprefill_tokens_per_s == 20_000.0
+    assert scaled.window_seconds == 6.0 and scaled.step_seconds == 1.0
+    for bad in ({"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0}):
+        with pytest.raises(ValueError, match="eviction budget"):
+            EvictionBudgetConfig(**bad)  # type: ignore[arg-type]
+
+
+# -- in the ledger -------------------------------------------------------------------------------------------------
+
+MAX_LEN = 8192
+CAPACITY = 65_536
+CONTEXT = 6000  # turn 1 ends here; a fresh session's projection is about its first context
+
+
+def _ledger(*, budget: EvictionBudgetConfig | None = None, quarantine: QuarantineConfig | None = None) -> Ledger:
+    config = LedgerConfig(caps=CapRule(max_model_len=MAX_LEN), quarantine=quarantine, eviction_budget=budget)
+    ledger = Ledger(config, policy=SessionAware())
+    ledger.add_replica("a", now=0.0, capacity_tokens=CAPACITY)
+    return ledger
+
+
+def _first(ledger: Ledger, session: Session) -> None:
+    ledger.turn_started(session)
+    ledger.finish_turn(session, now=0.0, usage=Usage(CONTEXT - 500, 500, 0))
+    ledger.turn_ended(session, now=0.0)
+
+
+def _back(ledger: Ledger, session: Session, *, now: float, evicted: bool) -> None:
+    """A returning turn at the same context (no growth), its prefix cached or evicted whole."""
+    context = session.context_tokens
+    ledger.turn_started(session)
+    ledger.finish_turn(session, now=now, usage=Usage(context, 0, 0 if evicted else (context - 1) // 16 * 16))
+    ledger.turn_ended(session, now=now)
+
+
+def _fill(ledger: Ledger) -> list[Session]:
+    """Place sessions until one queues; each runs its first turn to CONTEXT tokens."""
+    sessions: list[Session] = []
+    for i in range(64):
+        arrival = ledger.arrive(Placement(f"s{i}"), now=0.0)
+        if isinstance(arrival, Queued):
+            return sessions
+        assert isinstance(arrival, Bound)
+        sessions.append(arrival.session)
+        _first(ledger, arrival.session)
+    raise AssertionError("the projection never filled")
+
+
+def test_cheap_eviction_lets_queued_sessions_in_and_costly_eviction_takes_the_room_back() -> None:
+    ledger = _ledger(budget=EvictionBudgetConfig(window_seconds=WINDOW))
+    sessions = _fill(ledger)
+    projected = ledger.cap_of("a")
+    assert projected == len(sessions)
+    for t in (10.0, 30.0, 50.0, 70.0):  # returning turns fully cached: no eviction measured (first at 10 s)
+        for s in sessions:
+            _back(ledger, s, now=t, evicted=False)
+        ledger.refresh_kv(now=t)
+    assert ledger.budget is not None and ledger.budget.scale > 1.0
+    assert any(isinstance(e, Admitted) for e in ledger.take_events())  # the queued session got in
+    assert (ledger.cap_of("a") or 0) > len(sessions)
+    for t in (75.0, 76.0, 77.0):  # every returning turn re-prefills its whole context: over the budget
+        for s in sessions:
+            _back(ledger, s, now=t, evicted=True)
+    for t in (80.0, 90.0, 100.0):
+        ledger.refresh_kv(now=t)
+    assert ledger.budget.scale == 1.0
+
+
+def test_the_budget_stays_out_of_a_replica_the_operator_caps() -> None:
+    ledger = _ledger(budget=EvictionBudgetConfig(window_seconds=WINDOW))
+    ledger.set_operator_limit("a", OperatorLimit(cap=4, quarantined=False, reason=None), now=0.0)
+    sessions = _fill(ledger)
+    assert len(sessions) == 4
+    for t in (10.0, 60.0, 120.0):
+        for s in sessions:
+            _back(ledger, s, now=t, evicted=False)
+        ledger.refresh_kv(now=t)
+    assert ledger.budget is not None and ledger.budget.scale == 1.0
+    assert ledger.cap_of("a") == 4
+
+
+def test_under_a_budget_eviction_within_it_is_no_quarantine() -> None:
+    def evict_one_context(ledger: Ledger) -> bool:
+        sessions = _fill(ledger)
+        for s in sessions[:2]:  # 2 x 6000 tokens in 10 s: over 4,096, under the budget's 20,000
+            _back(ledger, s, now=5.0, evicted=True)
+        return ledger.table.replicas["a"].quarantined
+
+    assert evict_one_context(_ledger(quarantine=QuarantineConfig()))  # the projection alone: pressure
+    assert not evict_one_context(_ledger(quarantine=QuarantineConfig(), budget=EvictionBudgetConfig()))
