@@ -59,7 +59,8 @@ def test_eviction_near_the_budget_holds_and_over_it_the_factor_falls_to_one() ->
     assert budget.step(["a"], now=150.0, waiting=True)
     assert budget.scale == 1.0
     assert not budget.step(["a"], now=160.0, waiting=True)  # never under the projection
-    assert budget.scale == 1.0 and budget.falls == 2
+    assert budget.scale == 1.0
+    assert budget.falls == 2
 
 
 def test_the_mean_over_replicas_decides_and_max_scale_bounds_the_factor() -> None:
@@ -76,7 +77,8 @@ def test_the_mean_over_replicas_decides_and_max_scale_bounds_the_factor() -> Non
 def test_a_faster_engine_takes_a_scaled_budget_and_bad_settings_are_refused() -> None:
     scaled = EvictionBudgetConfig().scaled(10.0)
     assert scaled.reprefill_tokens_per_s == 20_000.0
-    assert scaled.window_seconds == 6.0 and scaled.step_seconds == 1.0
+    assert scaled.window_seconds == 6.0
+    assert scaled.step_seconds == 1.0
     for bad in ({"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0}):
         with pytest.raises(ValueError, match="eviction budget"):
             EvictionBudgetConfig(**bad)  # type: ignore[arg-type]
@@ -132,7 +134,8 @@ def test_cheap_eviction_lets_queued_sessions_in_and_costly_eviction_takes_the_ro
         for s in sessions:
             _back(ledger, s, now=t, evicted=False)
         ledger.refresh_kv(now=t)
-    assert ledger.budget is not None and ledger.budget.scale > 1.0
+    assert ledger.budget is not None
+    assert ledger.budget.scale > 1.0
     assert any(isinstance(e, Admitted) for e in ledger.take_events())  # the queued session got in
     assert (ledger.cap_of("a") or 0) > len(sessions)
     for t in (75.0, 76.0, 77.0):  # every returning turn re-prefills its whole context: over the budget
@@ -152,7 +155,8 @@ def test_the_budget_stays_out_of_a_replica_the_operator_caps() -> None:
         for s in sessions:
             _back(ledger, s, now=t, evicted=False)
         ledger.refresh_kv(now=t)
-    assert ledger.budget is not None and ledger.budget.scale == 1.0
+    assert ledger.budget is not None
+    assert ledger.budget.scale == 1.0
     assert ledger.cap_of("a") == 4
 
 

@@ -95,7 +95,9 @@ async def test_places_new_sessions_least_loaded_under_caps() -> None:
         assert await rt.metric("rolloutpool_router_live_sessions") == 6
         assert await rt.metric("rolloutpool_router_session_cap", replica="e1") == 2
         async with rt.http.get(f"{rt.url}/metrics") as resp:
-            assert "measured_session_floor{" not in await resp.text()  # no maxModelLen: nothing projected
+            text = await resp.text()
+            assert "measured_session_floor{" not in text  # no maxModelLen: nothing projected
+            assert "eviction_budget_scale" not in text  # nor budgeted
         assert await rt.metric("rolloutpool_router_placements_total") == 6
         status, body = await rt.request("GET", "/v1/models")
         assert status == 200
@@ -112,6 +114,7 @@ async def test_caps_derived_from_reported_kv_capacity() -> None:
         assert await rt.metric("rolloutpool_router_session_cap") == 7
         # nothing finished yet: the prior, every session at maxModelLen (2048 * 0.9 // 512)
         assert await rt.metric("rolloutpool_router_measured_session_floor", replica="e0") == 3
+        assert await rt.metric("rolloutpool_router_eviction_budget_scale") == 1.0  # nothing measured: the projection
     await no_leaked_tasks()
 
 

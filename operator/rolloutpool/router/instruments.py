@@ -54,9 +54,15 @@ class ReplicaGauges:
 
 
 class _TableCollector(Collector):
-    def __init__(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        replicas: Callable[[], Iterable[ReplicaGauges]],
+        queue_depth: Callable[[], int],
+        budget_scale: Callable[[], float | None],
+    ) -> None:
         self._replicas = replicas
         self._queue_depth = queue_depth
+        self._budget_scale = budget_scale
 
     def collect(self) -> Iterator[Metric]:
         gauges = {
@@ -101,6 +107,15 @@ class _TableCollector(Collector):
         depth = GaugeMetricFamily(f"{PREFIX}queue_depth", "New sessions waiting for a slot")
         depth.add_metric([], self._queue_depth())
         yield depth
+        scale = self._budget_scale()
+        if scale is not None:
+            budget = GaugeMetricFamily(
+                f"{PREFIX}eviction_budget_scale",
+                "Factor on every replica's KV budget in admission: above 1 while measured eviction of live prefixes "
+                "is cheap (routing/eviction_budget.py); absent without KV admission",
+            )
+            budget.add_metric([], scale)
+            yield budget
 
 
 class RouterMetrics:
@@ -165,9 +180,14 @@ class RouterMetrics:
             registry=r,
         )
 
-    def watch(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
+    def watch(
+        self,
+        replicas: Callable[[], Iterable[ReplicaGauges]],
+        queue_depth: Callable[[], int],
+        budget_scale: Callable[[], float | None] = lambda: None,
+    ) -> None:
         """Expose table gauges read at scrape time."""
-        self.registry.register(_TableCollector(replicas, queue_depth))
+        self.registry.register(_TableCollector(replicas, queue_depth, budget_scale))
 
     def render(self) -> bytes:
         """The text exposition."""

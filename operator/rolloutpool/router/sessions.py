@@ -127,7 +127,8 @@ class SessionManager:
         """The turn trace (``--trace-file``), fed from acquire, finish_turn and releases."""
         for spec in config.replicas:
             self.add_replica(spec)
-        metrics.watch(self._gauges, lambda: len(self.ledger.queue))
+        budget = self.ledger.budget
+        metrics.watch(self._gauges, lambda: len(self.ledger.queue), lambda: None if budget is None else budget.scale)
 
     @property
     def table(self) -> SessionTable:

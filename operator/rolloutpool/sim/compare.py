@@ -4,10 +4,10 @@ Each (scenario, load, seed) runs the same trajectories under every variant: vllm
 least-loaded (no cap), our router alone with its default admission (projected KV tokens, past which
 the eviction budget admits while measured eviction is cheap, under the session-count cap), the same
 without the eviction budget (the projection alone), our router with the session-count cap alone (the
-fixed default cap), and the operator's adaptive law. The table gives each variant's throughput over sticky least-loaded's,
-the share of sticky least-loaded's prefill that was re-prefill of evicted context (where caps
-should win), and the fast loop's quarantines with the evicted re-prefill of live sessions they
-reacted to (a quarantine with none measured fired on noise).
+fixed default cap), and the operator's adaptive law. The table gives each variant's throughput over
+sticky least-loaded's, the share of sticky least-loaded's prefill that was re-prefill of evicted
+context (where caps should win), and the fast loop's quarantines with the evicted re-prefill of live
+sessions they reacted to (a quarantine with none measured fired on noise).
 """
 
 from __future__ import annotations
