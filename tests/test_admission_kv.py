@@ -144,27 +144,6 @@ def test_the_measured_floor_waits_until_the_finished_sessions_describe_the_live_
     assert kv.measured_floor(capacity_tokens=CAPACITY) is None
 
 
-def test_the_measured_floor_leaves_the_prior_out_once_enough_sessions_finished() -> None:
-    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
-    prior = int(CAPACITY * 0.9 // MAX_LEN)
-
-    def finish(n: int, start: int) -> None:
-        for i in range(start, start + n):
-            kv.bound(f"s{i}", "a", context=1000)
-            kv.turn_finished(f"s{i}", "a", context=3000)
-            kv.released(f"s{i}", finished=True)
-
-    finish(10, 0)  # 0.98**10: the prior still holds 82 % of the weight
-    assert kv.measured_floor(capacity_tokens=CAPACITY) == prior
-    assert kv.measured_floor(capacity_tokens=CAPACITY, measured=0.1) == int(CAPACITY * 0.9 // 3072)  # measured only
-    finish(10, 10)  # 0.98**20: finished sessions carry a third of it, the prior would still set the 90th percentile
-    assert kv.final_quantile(0.9) == MAX_LEN
-    assert kv.measured_floor(capacity_tokens=CAPACITY) == int(CAPACITY * 0.9 // 3072)  # bucket edge over 3,000
-    for i in range(5):  # live sessions past the measured quantile: no floor, prior or not
-        kv.bound(f"long{i}", "a", context=12000)
-    assert kv.measured_floor(capacity_tokens=CAPACITY) is None
-
-
 def test_the_ledger_gives_each_replica_its_measured_floor_over_its_own_capacity() -> None:
     ledger = _ledger()
     ledger.add_replica("half", now=0.0, capacity_tokens=CAPACITY // 2)

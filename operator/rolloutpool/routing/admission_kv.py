@@ -67,10 +67,7 @@ class KvProjection:
         width = config.max_model_len / config.bins
         self._mids = [(i + 0.5) * width for i in range(config.bins)]
         self._weights = [0.0] * config.bins
-        self._prior_bin = self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)
-        self._weights[self._prior_bin] = 1.0
-        self._prior = 1.0
-        """The prior's share of the histogram's weight (it fades like every observation)."""
+        self._weights[self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)] = 1.0
         self._first: dict[str, float] = {}
         """Session id -> its first context (or the estimate it was admitted with)."""
         self._context: dict[str, int] = {}
@@ -110,35 +107,24 @@ class KvProjection:
         final = self.final_estimate(context)
         return min(float(self.config.max_model_len), context + self.config.growth_share * max(0.0, final - context))
 
-    def final_quantile(self, q: float, *, prior: bool = True) -> float:
-        """The ``q`` quantile of finished sessions' final contexts (a bucket's upper edge; the prior at first).
-
-        ``prior=False`` leaves the prior out (the quantile of what was measured; ``max_model_len`` before anything).
-        """
-        weights = list(self._weights)
-        if not prior:
-            weights[self._prior_bin] = max(0.0, weights[self._prior_bin] - self._prior)
-        total = sum(weights)
-        if total <= 0.0:
-            return float(self.config.max_model_len)
+    def final_quantile(self, q: float) -> float:
+        """The ``q`` quantile of finished sessions' final contexts (a bucket's upper edge; the prior at first)."""
+        total = sum(self._weights)
         seen = 0.0
         width = self.config.max_model_len / self.config.bins
-        for i, w in enumerate(weights):
+        for i, w in enumerate(self._weights):
             seen += w
             if seen >= q * total:
                 return (i + 1) * width
         return float(self.config.max_model_len)
 
-    def measured_floor(
-        self, *, capacity_tokens: int, quantile: float = 0.9, beyond: float = 0.1, measured: float = 0.3
-    ) -> int | None:
+    def measured_floor(self, *, capacity_tokens: int, quantile: float = 0.9, beyond: float = 0.1) -> int | None:
         """Sessions that fit the KV budget even if each reaches the ``quantile`` final context (pure).
 
-        The prior is left out once finished sessions carry ``measured`` of the histogram's weight. None
-        while more than ``beyond`` of the live sessions already hold more than that quantile: the
+        None while more than ``beyond`` of the live sessions already hold more than that quantile: the
         finished ones do not describe the live ones yet (the first rollouts to finish are the short ones).
         """
-        final = max(self.final_quantile(quantile, prior=1.0 - self._prior < measured), 1.0)
+        final = max(self.final_quantile(quantile), 1.0)
         contexts = self._context.values()
         if contexts and sum(1 for c in contexts if c > final) > beyond * len(contexts):
             return None
@@ -179,7 +165,6 @@ class KvProjection:
         if finished and first is not None and context is not None:
             keep = 1.0 - self.config.smoothing  # the prior is one observation that fades like the rest
             self._weights = [w * keep for w in self._weights]
-            self._prior *= keep
             self._weights[self._bin(context)] += self.config.smoothing
         replica = self._replica.pop(session_id, None)
         state = None if replica is None else self.replicas.get(replica)
