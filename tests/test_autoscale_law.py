@@ -28,6 +28,8 @@ EVICTING = replace(CALM, reprefill_tokens_per_s=5000.0)
 """Over the threshold, under ``severe_factor`` times it: the edge of the cliff."""
 STORM = replace(CALM, reprefill_tokens_per_s=10000.0)
 """Far over the threshold."""
+FREE = replace(CALM, kv_usage=0.2, kv_cap=30)
+"""A mostly free cache, nothing evicted, a measured floor past the slow start's next step."""
 
 
 def at(cap: int, *, changed_at: float | None = 0.0, reason: str | None = None, **kw: object) -> ReplicaControl:
@@ -54,6 +56,21 @@ CASES = [
     ("slow start climbs past a measured floor under it", at(20), replace(CALM, kv_cap=12), 100, 21, False, "Raised"),
     ("a learned limit ignores the KV projection", at(20, limit=22), replace(CALM, kv_cap=80), 100, 21, False,
      "Raised"),
+    ("a mostly free cache jumps to the measured floor inside the cooldown", at(20), FREE, 30, 30, False, "Raised"),
+    ("a mostly free cache still waits the jump cooldown", at(20), FREE, 10, 20, False, None),
+    ("a slow-start step keeps the cooldown", at(20), replace(FREE, kv_cap=None), 30, 20, False, None),
+    ("a floor within the slow start's own step keeps the cooldown", at(20), replace(FREE, kv_cap=21), 30, 20, False,
+     None),
+    ("any eviction keeps the cooldown before the jump", at(20), replace(FREE, reprefill_tokens_per_s=50.0), 30, 20,
+     False, None),
+    ("any preemption keeps the cooldown before the jump", at(20), replace(FREE, preemptions_per_s=0.001), 30, 20,
+     False, None),
+    ("unknown eviction keeps the cooldown before the jump", at(20), replace(FREE, reprefill_tokens_per_s=None), 30,
+     20, False, None),
+    ("a cache half full keeps the cooldown before the jump", at(20), replace(FREE, kv_usage=0.5), 30, 20, False,
+     None),
+    ("a learned limit keeps the cooldown", at(20, limit=40), FREE, 30, 20, False, None),
+    ("a cap nobody waits for does not jump", at(20), replace(FREE, live_sessions=12), 30, 20, False, None),
     ("a waiting queue with free KV blocks is not pressure", at(20), replace(CALM, waiting=5), 100, 21, False,
      "Raised"),
     ("a cut right after a raise does not wait", at(21, reason="Raised"), EVICTING, 10, 20, True, "Evicting"),
@@ -181,6 +198,13 @@ def test_the_slow_start_climbs_gently_once_kv_usage_is_past_the_near_mark() -> N
     assert near.limit is None
     busy = replace(CALM, kv_usage=0.6, live_sessions=50)
     assert decide_replica(previous=at(50), signals=busy, params=params, now=100).cap == 54
+
+
+def test_the_early_jump_never_waits_longer_than_the_cooldown() -> None:
+    params = replace(P, cooldown_seconds=5, jump_cooldown_seconds=15)
+    calm = replace(CALM, kv_usage=0.2)
+    assert decide_replica(previous=at(20), signals=FREE, params=params, now=6).cap == 30  # the jump: 5 s
+    assert decide_replica(previous=at(20), signals=calm, params=params, now=6).cap == 21  # a slow-start step: 5 s
 
 
 def test_a_replica_without_metrics_of_its_own_starts_at_or_drops_to_the_initial_cap() -> None:
