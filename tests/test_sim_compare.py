@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
+import pytest
 
 from rolloutpool.sim.compare import CompareRow, best_fixed, load_rows, rows_json, summary_markdown
+from rolloutpool.sim.compare import _main as compare_main
 
 
 def _row(variant: str, tokens: float, *, quarantines: int = 0, evicted: int = 0, vs: float = math.nan) -> CompareRow:
@@ -44,3 +48,17 @@ def test_summary_gives_the_ratios_and_names_quarantines_without_measured_evictio
                          "1.300", "0.962", "0.923"]  # fmt: skip
     assert "1 of 5 runs; bimodal 3x seed 0 fixed-cap (2)" in table
     assert "26 (" not in summary_markdown(rows)  # no sweep: no best fixed cap
+
+
+def test_the_table_of_files_split_by_variant_counts_their_shared_baseline_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _row("sticky-least-loaded", 1000.0, vs=1.0)
+    first, second = tmp_path / "router.json", tmp_path / "adaptive.json"
+    first.write_text(rows_json([base, _row("router-alone", 1010.0, vs=1.01)], {}))
+    second.write_text(rows_json([base, _row("adaptive", 1250.0, vs=1.25, quarantines=1)], {}))
+    compare_main([str(first), str(second)])
+    table = capsys.readouterr().out
+    line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
+    assert [c.strip() for c in line.strip("|").split("|")][5:9] == ["1.010", "", "", "1.250"]
+    assert "1 of 3 runs; bimodal 3x seed 0 adaptive (1)" in table

@@ -234,7 +234,11 @@ def _main(argv: list[str]) -> None:
     from pathlib import Path  # noqa: PLC0415
 
     split = argv.index("--caps") if "--caps" in argv else len(argv)
-    rows = [row for path in argv[:split] for row in load_rows(Path(path).read_text())]
+    unique: dict[tuple[str, float, int, str], CompareRow] = {}
+    for path in argv[:split]:  # files of one sweep split by variant each hold the baseline: count it once
+        for row in load_rows(Path(path).read_text()):
+            unique.setdefault((row.scenario, row.load, row.seed, row.variant), row)
+    rows = list(unique.values())
     runs = []
     for path in argv[split + 1 :]:
         for r in json.loads(Path(path).read_text())["runs"].values():
