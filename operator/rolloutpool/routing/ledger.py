@@ -504,7 +504,8 @@ class Ledger:
         """Take up the fleet-wide KV estimates (first contexts, final contexts) in every replica's cap.
 
         Called once per scrape round by the router and the simulator: between two refreshes a cap
-        moves only with its own replica's sessions, so it stays what :meth:`cap_of` says.
+        moves only with its own replica's sessions, so it stays what :meth:`cap_of` says. The round
+        also steps the eviction budget's factor (:mod:`~rolloutpool.routing.eviction_budget`).
         """
         if self.kv is None:
             return
