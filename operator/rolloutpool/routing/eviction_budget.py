@@ -32,8 +32,9 @@ faster (``engine-sim --time-scale k``) takes ``k`` times the budget and ``1/k`` 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from rolloutpool.routing.window import WindowSum
 
 __all__ = ["REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
 
@@ -76,12 +77,6 @@ class EvictionBudgetConfig:
         )
 
 
-@dataclass
-class _Window:
-    evicted: deque[tuple[float, int]] = field(default_factory=deque)
-    total: int = 0
-
-
 class EvictionBudget:
     """The fleet's factor and the evicted re-prefill each replica measured (pure)."""
 
@@ -91,7 +86,7 @@ class EvictionBudget:
         """Multiplier of every replica's KV budget in its projection (1: the projection alone)."""
         self.rises = 0
         self.falls = 0
-        self._windows: dict[str, _Window] = {}
+        self._windows: dict[str, WindowSum] = {}
         self._since: float | None = None
         self._last_step = -math.inf
         self._last_move = -math.inf
@@ -100,10 +95,9 @@ class EvictionBudget:
         """A returning turn of a live session on ``replica`` re-prefilled ``tokens`` of its evicted prefix (0: none)."""
         if self._since is None:
             self._since = now
-        window = self._windows.setdefault(replica, _Window())
+        window = self._windows.setdefault(replica, WindowSum(self.config.window_seconds))
         if tokens > 0:
-            window.evicted.append((now, tokens))
-            window.total += tokens
+            window.add(tokens, now=now)
 
     def forget(self, replica: str) -> None:
         """A replica left the fleet."""
@@ -114,11 +108,8 @@ class EvictionBudget:
         window = self._windows.get(replica)
         if window is None or self._since is None:
             return 0.0
-        horizon = now - self.config.window_seconds
-        while window.evicted and window.evicted[0][0] < horizon:
-            window.total -= window.evicted.popleft()[1]
         span = max(min(self.config.window_seconds, now - self._since), self.config.step_seconds)
-        return window.total / span
+        return window.trim(now) / span
 
     def step(self, replicas: list[str], *, now: float, waiting: bool) -> bool:
         """Move the factor once per ``step_seconds`` from the mean rate of ``replicas``; whether it moved.

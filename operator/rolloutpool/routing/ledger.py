@@ -146,26 +146,26 @@ class Ledger:
         """The effective cap of a replica, from its limits (:func:`~rolloutpool.routing.caps.effective_cap`)."""
         limits = self.limits[name]
         replica = self.table.replicas.get(name)
-        live = 0 if replica is None else replica.live
         room = None
         if self.kv is not None and limits.capacity_tokens is not None:
-            scale = self.budget.scale if self._budgeted(name) and self.budget is not None else 1.0
+            budget = self._budget_of(name)
+            scale = 1.0 if budget is None else budget.scale
             room = self.kv.room(name, capacity_tokens=limits.capacity_tokens, scale=scale)
         return effective_cap(
             self.config.caps,
             replica_cap=limits.fixed_cap,
             capacity_tokens=limits.capacity_tokens,
             operator_cap=None if limits.operator is None else limits.operator.cap,
-            live=live,
+            live=0 if replica is None else replica.live,
             kv_room=room,
         )
 
-    def _budgeted(self, name: str) -> bool:
-        """Whether the eviction budget sets the replica's cap: it has one, and no fixed cap or operator cap applies."""
+    def _budget_of(self, name: str) -> EvictionBudget | None:
+        """The eviction budget while it sets the replica's cap (no fixed cap or operator cap applies), else None."""
         limits = self.limits[name]
-        if self.budget is None or limits.fixed_cap is not None or self.config.caps.fixed is not None:
-            return False
-        return limits.operator is None or limits.operator.cap is None
+        if limits.fixed_cap is not None or self.config.caps.fixed is not None:
+            return None
+        return self.budget if limits.operator is None or limits.operator.cap is None else None
 
     def measured_floor(self, name: str) -> int | None:
         """Sessions a replica holds if each reaches the measured 90th-percentile final context; None: not projected.
@@ -409,7 +409,7 @@ class Ledger:
             block_size=limits.block_size,
             prefix_caching=limits.prefix_caching,
         )
-        budget = self.budget if self._budgeted(session.replica) else None
+        budget = self._budget_of(session.replica)
         if budget is not None:
             budget.observe(session.replica, now=now, tokens=counted)
         pressure = limits.pressure
@@ -511,7 +511,9 @@ class Ledger:
             return
         refreshed = self.kv.refresh()
         stepped = self.budget is not None and self.budget.step(
-            [name for name in self.table.replicas if self._budgeted(name)], now=now, waiting=bool(self.queue)
+            [name for name in self.table.replicas if self._budget_of(name) is not None],
+            now=now,
+            waiting=bool(self.queue),
         )
         if not refreshed and not stepped:
             return

@@ -19,10 +19,10 @@ slot freed, so taking one new session does not add pressure).
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from rolloutpool.routing.pressure import PressureReason
+from rolloutpool.routing.window import WindowSum
 
 __all__ = ["PressureState", "QuarantineConfig", "expected_cached_tokens"]
 
@@ -73,9 +73,11 @@ class PressureState:
     last_preemptions: float | None = None
     quarantines: int = 0
     """How many times the replica entered quarantine."""
-    evicted: deque[tuple[float, int]] = field(default_factory=deque)
-    """(time, shortfall) of recent evictions, within ``window_seconds``."""
-    evicted_sum: int = 0
+    evicted: WindowSum = field(init=False)
+    """Shortfalls of recent evictions, within ``window_seconds``."""
+
+    def __post_init__(self) -> None:
+        self.evicted = WindowSum(self.config.window_seconds)
 
     def _pressure(self, now: float, reason: str) -> None:
         if not self.quarantined:
@@ -93,13 +95,10 @@ class PressureState:
         """
         shortfall = max(0, expected_cached - cached)
         cfg = self.config
-        if shortfall >= cfg.min_evicted_tokens and shortfall >= cfg.evicted_fraction * expected_cached:
-            self.evicted.append((now, shortfall))
-            self.evicted_sum += shortfall
-            while self.evicted and self.evicted[0][0] < now - cfg.window_seconds:
-                self.evicted_sum -= self.evicted.popleft()[1]
-            if self.evicted_sum >= max(cfg.min_window_tokens, window_tokens or 0):
-                self._pressure(now, PressureReason.EVICTING)
+        if shortfall < cfg.min_evicted_tokens or shortfall < cfg.evicted_fraction * expected_cached:
+            return shortfall
+        if self.evicted.add(shortfall, now=now) >= max(cfg.min_window_tokens, window_tokens or 0):
+            self._pressure(now, PressureReason.EVICTING)
         return shortfall
 
     def observe_scrape(
