@@ -15,9 +15,10 @@ from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.cli import main
 from rolloutpool.cli.router import router_command
-from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assign_engines, assignment_patches, natural_key
+from rolloutpool.reconcile.assignment import ANNOTATION_ROUTER, assignment_patches
 from rolloutpool.reconcile.children import router_objects
 from rolloutpool.reconcile.labels import router_selector
+from rolloutpool.routing.fleetsplit import assign_engines, natural_key
 from rolloutpool.routing.fleetview import FleetView, fleet_view, static_view
 from rolloutpool.routing.ring import HashRing, stable_hash
 
@@ -174,8 +175,15 @@ def test_the_view_weights_ready_routers_by_their_engines() -> None:
     ]
     routers = [_pod("ra", ip="10.2.0.1"), _pod("rb", ip="10.2.0.2"), _pod("rc", ip="10.2.0.3", ready=False)]
     view = fleet_view(engine_pods=engines, router_pods=routers, self_name="rb")
-    # rc is not ready: its engine is not on the ring; an engine without an IP still is (by assignment)
-    assert view.owners == {"p-engine-0": "ra", "p-engine-1": "ra", "p-engine-2": "rb", "p-engine-4": "rb"}
+    # rc is not ready: its engine's points go where the operator would put it (ra, the roomiest with the
+    # larger quota); an engine without an IP is on the ring by its assignment
+    assert view.owners == {
+        "p-engine-0": "ra",
+        "p-engine-1": "ra",
+        "p-engine-2": "rb",
+        "p-engine-3": "ra",
+        "p-engine-4": "rb",
+    }
     assert view.peers == {"ra": "http://10.2.0.1:8080", "rb": "http://10.2.0.2:8080"}
     assert {n: (e.routable, e.url) for n, e in view.engines.items()} == {
         "p-engine-2": (True, "http://10.1.0.3:8000"),
@@ -184,6 +192,64 @@ def test_the_view_weights_ready_routers_by_their_engines() -> None:
     other = fleet_view(engine_pods=engines, router_pods=routers, self_name="ra")
     assert all(other.owner(k) == view.owner(k) for k in KEYS[:500])  # the same ring everywhere
     assert {view.owner(k) for k in KEYS[:500]} == {"ra", "rb"}
+
+
+def _operator_pass(engines: list[dict[str, Any]], routers: list[dict[str, Any]]) -> None:
+    for pod in engines:
+        patch = assignment_patches(engine_pods=engines, router_pods=routers).get(pod["metadata"]["name"])
+        if patch is not None:
+            pod["metadata"]["annotations"][ANNOTATION_ROUTER] = patch
+
+
+@settings(max_examples=40, deadline=None)
+@given(engines=st.integers(2, 10), routers=st.integers(2, 4), data=st.data())
+def test_a_router_replaced_moves_each_session_at_most_once_per_change(
+    engines: int, routers: int, data: st.DataObject
+) -> None:
+    """Death, reassignment, the replacement's start and its readiness, as the routers see them one by one:
+    a dead router's sessions change owner once at its death and once when the replacement is ready; the
+    others only when the replacement takes their engine's points (issue 13: one re-prefill per change)."""
+    names = [f"r-{c}" for c in "abcd"[:routers]]
+    router_pods = [_pod(n, ip=f"10.2.0.{i}") for i, n in enumerate(names)]
+    engine_pods = [_pod(f"p-engine-{i}", ip=f"10.1.0.{i}") for i in range(engines)]
+    _operator_pass(engine_pods, router_pods)
+    view = fleet_view(engine_pods=engine_pods, router_pods=router_pods, self_name=names[0])
+    keys = KEYS[:400]
+    start = {k: view.owner(k) for k in keys}
+    history = {k: [start[k]] for k in keys}
+    victim = data.draw(st.sampled_from(names), label="victim")
+    early_ip = data.draw(st.booleans(), label="replacement has an IP at the first pass")
+
+    def step() -> None:
+        nonlocal view
+        view = fleet_view(engine_pods=engine_pods, router_pods=router_pods, self_name=names[0], previous=view)
+        for k in keys:
+            if view.owner(k) != history[k][-1]:
+                history[k].append(view.owner(k))
+
+    dead = next(p for p in router_pods if p["metadata"]["name"] == victim)
+    dead["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    step()  # the routers see the deletion before the operator does anything
+    replacement = _pod("r-new", ip="10.2.0.9" if early_ip else None, ready=False)
+    router_pods.append(replacement)
+    _operator_pass(engine_pods, router_pods)
+    step()
+    router_pods.remove(dead)
+    replacement["status"]["podIP"] = "10.2.0.9"
+    _operator_pass(engine_pods, router_pods)
+    step()  # the replacement holds engines but is not ready yet
+    assert "r-new" not in set(view.owners.values())
+    replacement["status"]["conditions"][0]["status"] = "True"
+    step()
+    _operator_pass(engine_pods, router_pods)
+    step()
+    assert view.owners == {p["metadata"]["name"]: p["metadata"]["annotations"][ANNOTATION_ROUTER] for p in engine_pods}
+    for k, owners in history.items():
+        assert victim not in owners[1:], owners
+        if start[k] == victim:
+            assert len(owners) <= 3, owners  # the dead router, a survivor, maybe the replacement
+        else:
+            assert owners in ([start[k]], [start[k], "r-new"]), owners
 
 
 def test_a_static_view_splits_the_engines_like_the_operator() -> None:

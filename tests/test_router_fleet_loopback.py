@@ -22,9 +22,9 @@ import pytest
 
 from rolloutpool.dev.bench.fleet import FleetUrls, start_engines, start_fleet
 from rolloutpool.dev.bench.processes import ProcessSet
-from rolloutpool.reconcile.assignment import assign_engines
 from rolloutpool.router.fleet import FORWARDED_HEADER
 from rolloutpool.router.proxy import REPLICA_HEADER
+from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
 
 CAP = 2

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 
 import click
 
-from rolloutpool.reconcile.assignment import assign_engines
 from rolloutpool.router.app import run_router
 from rolloutpool.router.config import RouterConfig
 from rolloutpool.router.fleet import Fleet, FleetSource, static_source
 from rolloutpool.router.types import Discovery
+from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
 
 __all__ = ["FleetSetup", "kubernetes_fleet", "run_fleet_member", "static_fleet"]

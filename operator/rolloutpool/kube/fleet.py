@@ -75,6 +75,7 @@ class FleetWatch:
 
         tasks = [asyncio.create_task(pump(k, w)) for k, w in (("engines", self.engines), ("routers", self.routers))]
         latest: dict[str, Snapshot] = {}
+        view: FleetView | None = None
         try:
             while True:
                 kind, snapshot = await queue.get()
@@ -83,11 +84,13 @@ class FleetWatch:
                     kind, snapshot = queue.get_nowait()
                     latest[kind] = snapshot
                 if len(latest) == 2:
-                    yield fleet_view(
+                    view = fleet_view(
                         engine_pods=latest["engines"].values(),
                         router_pods=latest["routers"].values(),
                         self_name=self.self_name,
+                        previous=view,
                     )
+                    yield view
         finally:
             self.stop()
             for task in tasks:

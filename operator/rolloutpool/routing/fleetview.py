@@ -12,6 +12,19 @@ point follows the session's hash. So
   router's sessions change owner (a ring over routers weighted by engine counts would also shuffle
   keys between the survivors whenever their weights change);
 - every router computes the same view from the same pods, so they agree on every owner.
+
+An engine whose router is not on the ring keeps its points, so that a router's change moves its
+sessions once, not twice:
+
+- its router is gone (deleted, not ready) and the operator has not reassigned it yet: owned by
+  the router the operator will give it, foreseen with the operator's own
+  :func:`~rolloutpool.routing.fleetsplit.assign_engines` over the ready routers (without this the
+  keys went to the next points on the ring, then moved again on the reassignment);
+- the operator has handed it to a router that is not ready yet (a replacement pod starting): owned
+  by the router that owned it in the previous view, until the new one is ready.
+
+Only the second depends on the previous view; a router that starts during such a hand-over may
+disagree about those keys for a few seconds (a forwarded request is served where it lands).
 """
 
 from __future__ import annotations
@@ -20,8 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutpool.api.pods import is_ready, pod_name
+from rolloutpool.api.pods import is_ready, is_terminating, pod_name
 from rolloutpool.routing.discovery import ReplicaEvent, replica_event
+from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.ring import HashRing
 
 __all__ = ["ANNOTATION_ROUTER", "FleetView", "fleet_view", "pod_url", "static_view"]
@@ -70,12 +84,14 @@ def fleet_view(
     self_name: str,
     router_port: int = 8080,
     engine_port: int = 8000,
+    previous: FleetView | None = None,
 ) -> FleetView:
-    """The view of router ``self_name`` from the pool's pods (pure).
+    """The view of router ``self_name`` from the pool's pods and its ``previous`` view (pure).
 
-    A router is on the ring when it is Ready, has an IP, is not being deleted and is assigned
-    at least one engine; each engine assigned to such a router is on the ring. Only engines
-    annotated with ``self_name`` are this router's.
+    A router is on the ring when it is Ready, has an IP, is not being deleted and owns at least
+    one engine's points: those of the engines assigned to it, of engines handed from it to a
+    router not ready yet, and of orphaned engines the operator will give it (module docstring).
+    Only engines annotated with ``self_name`` are this router's to place sessions on.
     """
     engines = list(engine_pods)
     peers: dict[str, str] = {}
@@ -83,7 +99,21 @@ def fleet_view(
         url = pod_url(pod, default_port=router_port)
         if url and is_ready(pod):
             peers[pod_name(pod)] = url
-    owners = {pod_name(pod): owner for pod in engines if (owner := _assigned(pod)) in peers}
+    before = previous.owners if previous is not None else {}
+    owners: dict[str, str] = {}
+    orphans: list[str] = []
+    for pod in engines:
+        name, assigned = pod_name(pod), _assigned(pod)
+        if assigned in peers:
+            owners[name] = assigned
+        elif assigned is not None and before.get(name) in peers:
+            owners[name] = before[name]  # handed to a router that is not ready yet
+        elif not is_terminating(pod):
+            orphans.append(name)
+    if orphans and peers:
+        live = [pod_name(pod) for pod in engines if not is_terminating(pod)]
+        foreseen = assign_engines(engines=live, routers=peers, previous=owners)
+        owners.update((name, foreseen[name]) for name in orphans)
     mine = {
         pod_name(pod): replica_event("ADDED", dict(pod), default_port=engine_port)
         for pod in engines
@@ -99,7 +129,7 @@ def static_view(
     """The view of a fleet given on the command line (no Kubernetes) (pure).
 
     ``peers``: router name -> URL; ``split``: engine -> router (e.g. from
-    :func:`rolloutpool.reconcile.assignment.assign_engines`, the same on every router);
+    :func:`rolloutpool.routing.fleetsplit.assign_engines`, the same on every router);
     ``engine_urls``: engine -> URL.
     """
     owners = {engine: router for engine, router in split.items() if router in peers}

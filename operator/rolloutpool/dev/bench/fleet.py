@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
-from rolloutpool.reconcile.assignment import assign_engines
+from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
 
 __all__ = ["FleetSlice", "FleetUrls", "Target", "main", "measure_slice", "start_engines", "start_fleet"]
