@@ -177,6 +177,7 @@ def test_tiny_bench_end_to_end_measures_every_router_and_leaves_no_process(tmp_p
         assert run.p90_trajectory_s is not None
         assert run.p50_trajectory_s <= run.p90_trajectory_s
         assert run.errors == 0
+        assert 0.0 <= run.engine_lag_pct < 100.0
         assert len(run.pids) == 3
         assert run.leftover_pids == []
         assert not any(pid_alive(pid) for pid in run.pids)

@@ -384,6 +384,21 @@ async def test_time_scale_runs_simulated_seconds_faster_than_wall_seconds() -> N
     assert wall < simulated / 2
 
 
+async def test_an_engine_behind_its_time_scale_counts_the_simulated_time_it_lost() -> None:
+    """At a time scale Python cannot follow the loop re-anchors; the lag counter says by how much."""
+    async with serve(time_scale=1e7) as base, aiohttp.ClientSession() as session:
+        status, _ = await post(session, f"{base}/v1/completions", {"prompt": "go", "max_tokens": 1000})
+        assert status == 200
+        values = (await scrape(session, base))["values"]
+    simulated = values["vllm:e2e_request_latency_seconds_sum"]
+    lag = values["rolloutpool_engine_lag_seconds_total"]
+    # 1000 decode steps take > 9 simulated seconds, under 1 us of wall at 1e7: almost all of it is lag
+    assert simulated > 9.0
+    assert 0.5 * simulated < lag
+    async with serve(time_scale=1.0) as base, aiohttp.ClientSession() as session:
+        assert (await scrape(session, base))["values"]["rolloutpool_engine_lag_seconds_total"] == 0.0
+
+
 async def _wait_for_metric(session: aiohttp.ClientSession, base: str, key: str, value: float) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while True:

@@ -16,7 +16,7 @@ __all__ = ["markdown", "overhead_table", "result_json", "runs_table", "write_out
 
 _RUN_COLUMNS = (
     "router", "in-flight", "gen tok/s", "completed", "traj/h", "re-prefill tok", "evicted %", "preempt",
-    "hit %", "p50 s", "p90 s", "first turn p50 s", "retries", "errors",
+    "hit %", "p50 s", "p90 s", "first turn p50 s", "engine lag %", "retries", "errors",
 )  # fmt: skip
 _OVERHEAD_COLUMNS = ("target", "requests", "req/s", "median ms", "p99 ms", "+median ms", "+p99 ms", "errors")
 
@@ -39,6 +39,7 @@ def _run_cells(run: RouterRun) -> list[str]:
         _fmt(run.p50_trajectory_s, 1),
         _fmt(run.p90_trajectory_s, 1),
         _fmt(run.first_turn_p50_s, 1),
+        _fmt(run.engine_lag_pct, 1),
         str(run.retries),
         str(run.errors),
     ]
@@ -107,7 +108,8 @@ def markdown(result: BenchResult) -> str:
         "gen tok/s, traj/h, p50/p90 are per simulated second (wall x time scale); tokens and preemptions are",
         "the engines' counter deltas over the window; re-prefill is the shortfall of cached_tokens against the",
         "session's previous prompt + completion - 1 (whole blocks); evicted % is it over the prefilled tokens;",
-        "first turn: a trajectory's start to its first response (admission queueing included).",
+        "first turn: a trajectory's start to its first response (admission queueing included); engine lag:",
+        "simulated time the engine-sims lost behind their time scale (CPU short), in percent of the window.",
     ]
     if result.overhead:
         lines += ["", "## Router overhead at saturation", ""]

@@ -27,6 +27,7 @@ from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
+from rolloutpool.engine.server.instruments import LAG_SECONDS
 from rolloutpool.sim.workload import Lognormal, Scenario
 
 __all__ = [
@@ -47,6 +48,7 @@ _COUNTERS = (
     vm.total(vm.NUM_PREEMPTIONS),
     vm.total(vm.PREFIX_CACHE_HITS),
     vm.total(vm.PREFIX_CACHE_QUERIES),
+    vm.total(LAG_SECONDS),
 )
 
 
@@ -160,6 +162,8 @@ class RouterRun:
     """Trajectories waiting for their first response, averaged over the window."""
     law: dict[str, object] | None = None
     """``rolloutpool-adaptive``: the law's steps, cuts, raises, quarantines and final caps."""
+    engine_lag_pct: float = 0.0
+    """Simulated time the engines lost behind their time scale, in percent of the window (mean over engines)."""
 
 
 @dataclass
@@ -246,6 +250,7 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
         first_turn_p50_s=statistics.median(waits) if waits else None,
         first_turn_p90_s=percentile(waits, 0.9) if waits else None,
         queued_mean=queued_mean(result.trajectories, window_start=result.window_start, window_end=result.window_end),
+        engine_lag_pct=100.0 * deltas[vm.total(LAG_SECONDS)] / (sim_window * config.replicas) if sim_window else 0.0,
     )
 
 

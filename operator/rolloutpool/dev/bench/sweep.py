@@ -87,6 +87,7 @@ def _row(point: SweepPoint, run: RouterRun, ratio: float | None) -> dict[str, An
         "first_turn_p50_s": run.first_turn_p50_s,
         "first_turn_p90_s": run.first_turn_p90_s,
         "queued_mean": run.queued_mean,
+        "engine_lag_pct": run.engine_lag_pct,
         "law_cuts": law.get("cuts"),
         "law_raises": law.get("raises"),
         "law_quarantines": law.get("quarantines"),
@@ -142,7 +143,8 @@ def sweep_json(sweep: SweepResult) -> dict[str, Any]:
 
 _MEDIAN_FIELDS = (
     "in_flight", "tokens_per_s", "ratio", "evicted_pct", "preemptions", "completed", "first_turn_p50_s",
-    "first_turn_p90_s", "queued_mean", "law_cuts", "law_raises", "law_quarantines", "law_mean_final_cap", "errors",
+    "first_turn_p90_s", "queued_mean", "engine_lag_pct", "law_cuts", "law_raises", "law_quarantines",
+    "law_mean_final_cap", "errors",
 )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ __all__ = [
 
 _COLUMNS = (
     "scenario", "load", "in-flight", "router", "gen tok/s", f"/ {BASELINE}", "evicted re-prefill %", "preempt",
-    "first turn p50 s", "first turn p90 s", "queued (mean)", "law cuts/raises", "law final cap",
+    "first turn p50 s", "first turn p90 s", "queued (mean)", "engine lag %", "law cuts/raises", "law final cap",
 )  # fmt: skip
 
 
@@ -42,6 +42,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
         _num(row["first_turn_p50_s"], 1),
         _num(row["first_turn_p90_s"], 1),
         _num(row["queued_mean"], 1),
+        _num(row.get("engine_lag_pct"), 1),  # absent from bench.json files written before it was measured
         law,
         _num(row["law_mean_final_cap"], 1),
     ]

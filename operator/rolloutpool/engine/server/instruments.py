@@ -24,6 +24,7 @@ __all__ = [
     "E2E_BUCKETS",
     "FINISH_REASONS",
     "ITL_BUCKETS",
+    "LAG_SECONDS",
     "PREEMPTION_BUCKETS",
     "TTFT_BUCKETS",
     "CacheConfigInfo",
@@ -100,6 +101,8 @@ E2E_BUCKETS = (
 )
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+LAG_SECONDS = "rolloutpool_engine_lag_seconds"
+"""Counter (engine-sim only): simulated seconds lost because the process fell behind its time scale."""
 """``finished_reason`` label values of ``vllm:request_success_total`` (vLLM's FinishReason)."""
 
 _LABELS = ("model_name", "engine")
@@ -187,6 +190,13 @@ class _EngineCollector(Collector):
         for reason in FINISH_REASONS:
             success.add_metric([*labels, reason], float(m.finished[reason]), created=created)
         yield success
+        lag = CounterMetricFamily(
+            LAG_SECONDS,
+            "Simulated seconds lost behind the time scale (Python slower than the wall target; engine-sim only).",
+            labels=_LABELS,
+        )
+        lag.add_metric(labels, m.lag_seconds, created=created)
+        yield lag
         info = GaugeMetricFamily(
             vm.CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig", labels=list(m.cache_info.labels)
         )
@@ -209,6 +219,8 @@ class EngineMetrics:
         self.label_values = [model_name, "0"]
         self.created = time.time()
         self.finished: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
+        self.lag_seconds = 0.0
+        """Simulated seconds lost behind the wall target (the runner re-anchors instead of catching up)."""
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(self))
 

@@ -207,6 +207,7 @@ class EngineRunner:
         target = self._wall_anchor + (self.clock - self._sim_anchor) / self.time_scale
         delay = target - time.monotonic()
         if delay < 0:
+            self.metrics.lag_seconds += -delay * self.time_scale
             self._reanchor(self.clock)  # behind the wall target: carry on from here, no burst
             await asyncio.sleep(0)
         else:
