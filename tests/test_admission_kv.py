@@ -144,26 +144,6 @@ def test_the_measured_floor_waits_until_the_finished_sessions_describe_the_live_
     assert kv.measured_floor(capacity_tokens=CAPACITY) is None
 
 
-def test_the_measured_floor_reads_the_finished_sessions_alone_once_enough_have_finished() -> None:
-    kv = KvProjection(KvAdmissionConfig(MAX_LEN, floor_after=20))
-    prior = int(CAPACITY * 0.9 // MAX_LEN)
-    for i in range(19):
-        kv.bound(f"s{i}", "a", context=1000)
-        kv.turn_finished(f"s{i}", "a", context=3000)
-        kv.released(f"s{i}", finished=True)
-        assert kv.measured_floor(capacity_tokens=CAPACITY) == prior  # the prior still weighs ~1 / smoothing of them
-    assert kv.final_quantile(0.9) == MAX_LEN
-    kv.bound("s19", "a", context=1000)
-    kv.turn_finished("s19", "a", context=3000)
-    kv.released("s19", finished=True)
-    width = MAX_LEN / kv.config.bins
-    assert kv.final_quantile(0.9, prior=False) == (int(3000 // width) + 1) * width
-    assert kv.measured_floor(capacity_tokens=CAPACITY) == int(CAPACITY * 0.9 // kv.final_quantile(0.9, prior=False))
-    assert kv.final_quantile(0.9) == MAX_LEN  # the projection's estimates keep the prior
-    kv.released("never-bound", finished=True)  # not a finished rollout of ours: counts nothing
-    assert kv.finished == 20
-
-
 def test_the_ledger_gives_each_replica_its_measured_floor_over_its_own_capacity() -> None:
     ledger = _ledger()
     ledger.add_replica("half", now=0.0, capacity_tokens=CAPACITY // 2)

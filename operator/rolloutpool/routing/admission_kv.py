@@ -45,10 +45,6 @@ class KvAdmissionConfig:
     serves the most: 0.25 reached 0.92-0.97 of it, 0.1 0.97-1.0; docs/benchmarks.md). 0 admitted too many at 3x."""
     bins: int = 64
     """Buckets of the final-context histogram, over ``0..max_model_len``."""
-    floor_after: int = 20
-    """Finished sessions after which :meth:`KvProjection.measured_floor` reads their final contexts alone. The prior
-    weighs as much as 1 / ``smoothing`` of them, so the prior-weighted quantile stays at ``maxModelLen`` until about
-    115 have finished: on short contexts the law's jump to the measured floor waited a minute while sessions queued."""
 
 
 @dataclass
@@ -71,12 +67,7 @@ class KvProjection:
         width = config.max_model_len / config.bins
         self._mids = [(i + 0.5) * width for i in range(config.bins)]
         self._weights = [0.0] * config.bins
-        self._prior_bin = self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)
-        self._weights[self._prior_bin] = 1.0
-        self._prior = 1.0
-        """The prior's share of :attr:`_weights` (it fades like every observation)."""
-        self.finished = 0
-        """Sessions whose final context is in the histogram."""
+        self._weights[self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)] = 1.0
         self._first: dict[str, float] = {}
         """Session id -> its first context (or the estimate it was admitted with)."""
         self._context: dict[str, int] = {}
@@ -116,21 +107,14 @@ class KvProjection:
         final = self.final_estimate(context)
         return min(float(self.config.max_model_len), context + self.config.growth_share * max(0.0, final - context))
 
-    def final_quantile(self, q: float, *, prior: bool = True) -> float:
-        """The ``q`` quantile of finished sessions' final contexts (a bucket's upper edge).
-
-        With ``prior`` the prior counts (it is the answer at first); without, only the finished sessions do
-        (``maxModelLen`` while none has).
-        """
-        weights = list(self._weights)
-        if not prior:
-            weights[self._prior_bin] = max(0.0, weights[self._prior_bin] - self._prior)
-        total = sum(weights)
+    def final_quantile(self, q: float) -> float:
+        """The ``q`` quantile of finished sessions' final contexts (a bucket's upper edge; the prior at first)."""
+        total = sum(self._weights)
         seen = 0.0
         width = self.config.max_model_len / self.config.bins
-        for i, w in enumerate(weights):
+        for i, w in enumerate(self._weights):
             seen += w
-            if total > 0.0 and seen >= q * total:
+            if seen >= q * total:
                 return (i + 1) * width
         return float(self.config.max_model_len)
 
@@ -139,10 +123,8 @@ class KvProjection:
 
         None while more than ``beyond`` of the live sessions already hold more than that quantile: the
         finished ones do not describe the live ones yet (the first rollouts to finish are the short ones).
-        The prior counts until ``floor_after`` sessions have finished, not after.
         """
-        observed = self.finished >= self.config.floor_after
-        final = max(self.final_quantile(quantile, prior=not observed), 1.0)
+        final = max(self.final_quantile(quantile), 1.0)
         contexts = self._context.values()
         if contexts and sum(1 for c in contexts if c > final) > beyond * len(contexts):
             return None
@@ -184,8 +166,6 @@ class KvProjection:
             keep = 1.0 - self.config.smoothing  # the prior is one observation that fades like the rest
             self._weights = [w * keep for w in self._weights]
             self._weights[self._bin(context)] += self.config.smoothing
-            self._prior *= keep
-            self.finished += 1
         replica = self._replica.pop(session_id, None)
         state = None if replica is None else self.replicas.get(replica)
         if state is not None:
