@@ -31,6 +31,7 @@ from rolloutpool.engine.server.instruments import LAG_SECONDS
 from rolloutpool.sim.workload import Lognormal, Scenario
 
 __all__ = [
+    "LAG_WARNING_PCT",
     "BenchConfig",
     "BenchResult",
     "RouterRun",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 Progress = Callable[[str], None]
+LAG_WARNING_PCT = 5.0
+"""Engine lag (percent of the window) past which a run's figures say more about the CPU than the routers."""
+
 _COUNTERS = (
     vm.total(vm.GENERATION_TOKENS),
     vm.total(vm.NUM_PREEMPTIONS),
@@ -357,6 +361,11 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
         + ("" if run.law is None else f"; law: {run.law['cuts']} cuts, {run.law['raises']} raises, "
            f"mean final cap {run.law['mean_final_cap']:.1f}")
     )  # fmt: skip
+    if run.engine_lag_pct > LAG_WARNING_PCT:
+        progress(
+            f"{name}: warning: the engines lost {run.engine_lag_pct:.1f} % of the window behind time scale "
+            f"{config.time_scale:g} (CPU short): tokens/s are low and ratios skewed; try a lower --time-scale"
+        )
     return run
 
 
