@@ -101,9 +101,9 @@ E2E_BUCKETS = (
 )
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+"""``finished_reason`` label values of ``vllm:request_success_total`` (vLLM's FinishReason)."""
 LAG_SECONDS = "rolloutpool_engine_lag_seconds"
 """Counter (engine-sim only): simulated seconds lost because the process fell behind its time scale."""
-"""``finished_reason`` label values of ``vllm:request_success_total`` (vLLM's FinishReason)."""
 
 _LABELS = ("model_name", "engine")
 
