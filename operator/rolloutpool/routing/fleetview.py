@@ -102,16 +102,18 @@ def fleet_view(
     before = previous.owners if previous is not None else {}
     owners: dict[str, str] = {}
     orphans: list[str] = []
+    live: list[str] = []
     for pod in engines:
-        name, assigned = pod_name(pod), _assigned(pod)
+        name, assigned, leaving = pod_name(pod), _assigned(pod), is_terminating(pod)
+        if not leaving:
+            live.append(name)
         if assigned in peers:
             owners[name] = assigned
         elif assigned is not None and before.get(name) in peers:
             owners[name] = before[name]  # handed to a router that is not ready yet
-        elif not is_terminating(pod):
+        elif not leaving:
             orphans.append(name)
     if orphans and peers:
-        live = [pod_name(pod) for pod in engines if not is_terminating(pod)]
         foreseen = assign_engines(engines=live, routers=peers, previous=owners)
         owners.update((name, foreseen[name]) for name in orphans)
     mine = {
