@@ -144,6 +144,35 @@ def test_the_measured_floor_waits_until_the_finished_sessions_describe_the_live_
     assert kv.measured_floor(capacity_tokens=CAPACITY) is None
 
 
+def test_the_measured_floor_reads_the_first_finishers_while_the_live_sessions_stay_under_them() -> None:
+    """The histogram's prior fades over ~115 finishes; the censored quantile needs 20 and the live sessions' word."""
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
+    for i in range(30):  # sessions early in their rollouts
+        kv.bound(f"live{i}", "a", context=1500)
+    for i in range(19):
+        kv.bound(f"s{i}", "a", context=1000)
+        kv.turn_finished(f"s{i}", "a", context=3000)
+        kv.released(f"s{i}", finished=True)
+    prior = int(CAPACITY * 0.9 // MAX_LEN)
+    assert kv.measured_floor(capacity_tokens=CAPACITY) == prior  # 19 finished: the histogram, still the prior
+    kv.bound("s19", "a", context=1000)
+    kv.turn_finished("s19", "a", context=3000)
+    kv.released("s19", finished=True)
+    assert kv.measured_floor(capacity_tokens=CAPACITY) == int(CAPACITY * 0.9 // 3000)
+
+
+def test_the_measured_floor_does_not_read_short_finishers_while_live_sessions_outgrow_them() -> None:
+    """A bimodal mix: the short rollouts finish first while the long ones are already as long and growing."""
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
+    for i in range(15):
+        kv.bound(f"long{i}", "a", context=3200)
+    for i in range(40):
+        kv.bound(f"s{i}", "a", context=1000)
+        kv.turn_finished(f"s{i}", "a", context=3000)
+        kv.released(f"s{i}", finished=True)
+    assert kv.measured_floor(capacity_tokens=CAPACITY) == int(CAPACITY * 0.9 // MAX_LEN)  # still the prior
+
+
 def test_the_ledger_gives_each_replica_its_measured_floor_over_its_own_capacity() -> None:
     ledger = _ledger()
     ledger.add_replica("half", now=0.0, capacity_tokens=CAPACITY // 2)

@@ -22,7 +22,10 @@ into one (``live + room``), under the hard ceiling.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+from rolloutpool.routing.survival import censored_quantile
 
 __all__ = ["KvAdmissionConfig", "KvProjection", "ReplicaProjection"]
 
@@ -45,6 +48,10 @@ class KvAdmissionConfig:
     serves the most: 0.25 reached 0.92-0.97 of it, 0.1 0.97-1.0; docs/benchmarks.md). 0 admitted too many at 3x."""
     bins: int = 64
     """Buckets of the final-context histogram, over ``0..max_model_len``."""
+    floor_window: int = 256
+    """Final contexts of the last this many finished sessions kept for the measured floor's censored quantile."""
+    floor_min_finished: int = 20
+    """Finished sessions the censored quantile needs before the measured floor reads it (the histogram before)."""
 
 
 @dataclass
@@ -68,6 +75,8 @@ class KvProjection:
         self._mids = [(i + 0.5) * width for i in range(config.bins)]
         self._weights = [0.0] * config.bins
         self._weights[self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)] = 1.0
+        self._finals: deque[float] = deque(maxlen=config.floor_window)
+        """Final contexts of the last finished sessions (undecayed, for :meth:`measured_floor`)."""
         self._first: dict[str, float] = {}
         """Session id -> its first context (or the estimate it was admitted with)."""
         self._context: dict[str, int] = {}
@@ -121,11 +130,18 @@ class KvProjection:
     def measured_floor(self, *, capacity_tokens: int, quantile: float = 0.9, beyond: float = 0.1) -> int | None:
         """Sessions that fit the KV budget even if each reaches the ``quantile`` final context (pure).
 
-        None while more than ``beyond`` of the live sessions already hold more than that quantile: the
-        finished ones do not describe the live ones yet (the first rollouts to finish are the short ones).
+        The quantile counts the live sessions as right-censored (:func:`~rolloutpool.routing.survival.censored_quantile`
+        over the last ``floor_window`` finished and the live contexts) once ``floor_min_finished`` sessions finished:
+        the first finishers are the short rollouts, and a session still running past them ends longer. Before that,
+        or while the censored estimate has no such quantile, the decayed histogram's (the prior fades over ~115
+        finishes). None while more than ``beyond`` of the live sessions already hold more than the quantile: the
+        finished ones do not describe the live ones yet.
         """
-        final = max(self.final_quantile(quantile), 1.0)
         contexts = self._context.values()
+        censored = None
+        if len(self._finals) >= self.config.floor_min_finished:
+            censored = censored_quantile(finished=self._finals, live=contexts, q=quantile)
+        final = max(self.final_quantile(quantile) if censored is None else censored, 1.0)
         if contexts and sum(1 for c in contexts if c > final) > beyond * len(contexts):
             return None
         return int(capacity_tokens * (1.0 - self.config.headroom) // final)
@@ -166,6 +182,7 @@ class KvProjection:
             keep = 1.0 - self.config.smoothing  # the prior is one observation that fades like the rest
             self._weights = [w * keep for w in self._weights]
             self._weights[self._bin(context)] += self.config.smoothing
+            self._finals.append(float(context))
         replica = self._replica.pop(session_id, None)
         state = None if replica is None else self.replicas.get(replica)
         if state is not None:
