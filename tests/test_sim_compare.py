@@ -7,8 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from rolloutpool.sim.compare import CompareRow, best_fixed, load_rows, rows_json, summary_markdown
+from rolloutpool.sim.compare import (
+    NO_EVICTION,
+    CompareRow,
+    best_fixed,
+    compare_jobs,
+    every_session_resident,
+    load_rows,
+    rows_json,
+    summary_markdown,
+)
 from rolloutpool.sim.compare import _main as compare_main
+from rolloutpool.sim.config import FleetConfig
+from rolloutpool.sim.workload import scenario
 
 
 def _row(variant: str, tokens: float, *, quarantines: int = 0, evicted: int = 0, vs: float = math.nan) -> CompareRow:
@@ -40,13 +51,14 @@ def test_summary_gives_the_ratios_and_names_quarantines_without_measured_evictio
         _row("kv-projection", 1150.0, vs=1.15, quarantines=3, evicted=6000),
         _row("fixed-cap", 1100.0, vs=1.1, quarantines=2),
         _row("adaptive", 1250.0, vs=1.25, quarantines=4, evicted=2_000_000),
+        _row(NO_EVICTION, 1400.0, vs=1.4),
     ]
     table = summary_markdown(rows, {("bimodal", 3.0, 0): (26, 1300.0)})
     line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[3:] == ["1,000", "10.0", "1.200", "1.150", "1.100", "1.250", "4", "2.00", "2", "26 (1,300)",
-                         "1.300", "0.962", "0.923"]  # fmt: skip
-    assert "1 of 5 runs; bimodal 3x seed 0 fixed-cap (2)" in table
+                         "1.300", "1.400", "0.962", "0.923"]  # fmt: skip
+    assert "1 of 6 runs; bimodal 3x seed 0 fixed-cap (2)" in table
     assert "26 (" not in summary_markdown(rows)  # no sweep: no best fixed cap
 
 
@@ -62,3 +74,15 @@ def test_the_table_of_files_split_by_variant_counts_their_shared_baseline_once(
     line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
     assert [c.strip() for c in line.strip("|").split("|")][5:9] == ["1.010", "", "", "1.250"]
     assert "1 of 3 runs; bimodal 3x seed 0 adaptive (1)" in table
+
+
+def test_the_no_eviction_bound_is_sticky_least_loaded_on_a_pool_that_holds_every_session() -> None:
+    base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4, num_gpu_blocks=16_384)
+    variants = ["sticky-least-loaded", NO_EVICTION]
+    jobs = dict(compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[0], variants=variants))
+    sticky, bound = jobs["sticky-least-loaded"], jobs[NO_EVICTION]
+    assert bound.policy == sticky.policy == "sticky-least-loaded"
+    assert bound.config.in_flight == sticky.config.in_flight == 3 * 4 * (16_384 * 16 // 32_768)  # 3x the floor
+    assert bound.config == every_session_resident(sticky.config)
+    assert (bound.config.num_gpu_blocks - 1) * 16 >= (sticky.config.in_flight + 1) * 32_768  # all on one replica
+    assert sticky.config.num_gpu_blocks == 16_384

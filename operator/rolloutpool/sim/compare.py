@@ -4,10 +4,13 @@ Each (scenario, load, seed) runs the same trajectories under every variant: vllm
 least-loaded (no cap), our router alone with its default admission (projected KV tokens, past which
 the eviction budget admits while measured eviction is cheap, under the session-count cap), the same
 without the eviction budget (the projection alone), our router with the session-count cap alone (the
-fixed default cap), and the operator's adaptive law. The table gives each variant's throughput over
-sticky least-loaded's, the share of sticky least-loaded's prefill that was re-prefill of evicted
-context (where caps should win), and the fast loop's quarantines with the evicted re-prefill of live
-sessions they reacted to (a quarantine with none measured fired on noise).
+fixed default cap), the operator's adaptive law, and a bound: sticky least-loaded on a KV pool that
+holds every session in flight at maxModelLen. Nothing is evicted there, so no cap and no placement
+serves more on the same compute; where the bound is under 1.25x of sticky least-loaded, no policy
+reaches the issue's 1.25. The table gives each variant's throughput over sticky least-loaded's, the
+share of sticky least-loaded's prefill that was re-prefill of evicted context (where caps should
+win), and the fast loop's quarantines with the evicted re-prefill of live sessions they reacted to
+(a quarantine with none measured fired on noise).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from rolloutpool.sim.workload import scenario
 
 __all__ = [
     "BASELINE",
+    "NO_EVICTION",
     "VARIANTS",
     "CompareRow",
     "best_fixed",
     "compare_jobs",
     "compare_rows",
+    "every_session_resident",
     "load_rows",
     "rows_json",
     "rows_markdown",
@@ -39,14 +44,23 @@ __all__ = [
 ]
 
 BASELINE = "sticky-least-loaded"
+NO_EVICTION = "no-eviction"
+"""Sticky least-loaded where nothing is evicted: the most any cap or placement could serve."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     BASELINE: (BASELINE, {}),
     "router-alone": ("rolloutpool", {"kv_admission": True}),
     "kv-projection": ("rolloutpool", {"kv_admission": True, "eviction_budget": None}),
     "fixed-cap": ("rolloutpool", {"kv_admission": False}),
     "adaptive": (ADAPTIVE, {}),
+    NO_EVICTION: (BASELINE, {}),
 }
-"""Variant label -> (policy, FleetConfig changes)."""
+"""Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`."""
+
+
+def every_session_resident(config: FleetConfig) -> FleetConfig:
+    """The same fleet with KV blocks for every session in flight at maxModelLen on each replica (pure)."""
+    tokens = (config.in_flight + 1) * config.scenario.max_model_len
+    return replace(config, num_gpu_blocks=-(-tokens // 16) + 1)
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,8 @@ def compare_jobs(
                 for label in chosen:
                     policy, changes = VARIANTS[label]
                     config = replace(cfg, in_flight=max(1, round(load * floor)), seed=seed, **changes)
+                    if label == NO_EVICTION:
+                        config = every_session_resident(config)
                     jobs.append((label, Job(load, policy, config)))
     return jobs
 
@@ -185,7 +201,7 @@ def summary_markdown(
     """The issue-15 table: one line per (scenario, load, seed), every variant over sticky least-loaded (pure).
 
     With ``best`` (:func:`best_fixed`), the best fixed cap in hindsight and the adaptive law and the router alone
-    over it.
+    over it; with ``NO_EVICTION`` rows, the bound no cap or placement passes.
     Ends with the fast-quarantine check: every run that quarantined measured evicted re-prefill of live sessions.
     """
     points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
@@ -195,12 +211,13 @@ def summary_markdown(
     lines = [
         "| scenario | load | seed | sticky LL tok/s | LL evicted % | router alone / LL | projection only / LL "
         "| fixed cap / LL | adaptive / LL | adaptive fast quar. | adaptive live re-prefill Mtok | law cuts "
-        "| best fixed cap (tok/s) | best fixed / LL | adaptive / best fixed | router alone / best fixed |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| best fixed cap (tok/s) | best fixed / LL | no-eviction bound / LL | adaptive / best fixed "
+        "| router alone / best fixed |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for key, by in points.items():
-        base, kv, projection, fixed, adaptive = (
-            by.get(v) for v in (BASELINE, "router-alone", "kv-projection", "fixed-cap", "adaptive")
+        base, kv, projection, fixed, adaptive, bound = (
+            by.get(v) for v in (BASELINE, "router-alone", "kv-projection", "fixed-cap", "adaptive", NO_EVICTION)
         )
         if base is None:
             continue
@@ -216,6 +233,7 @@ def summary_markdown(
             "" if adaptive is None or adaptive.law_cuts is None else str(adaptive.law_cuts),
             "" if cap is None or tokens is None else f"{cap} ({tokens:,.0f})",
             "" if tokens is None else _ratio(tokens, base.tokens_per_s),
+            "" if bound is None else f"{bound.vs_baseline:.3f}",
             "" if adaptive is None else _ratio(adaptive.tokens_per_s, tokens),
             "" if kv is None else _ratio(kv.tokens_per_s, tokens),
         ]  # fmt: skip
