@@ -5,9 +5,10 @@ least-loaded (no cap), our router alone with its default admission (projected KV
 the eviction budget admits while measured eviction is cheap, under the session-count cap), the same
 without the eviction budget (the projection alone), our router with the session-count cap alone (the
 fixed default cap), the operator's adaptive law, and a bound: sticky least-loaded on a KV pool that
-holds every session in flight at maxModelLen. Nothing is evicted there, so no cap and no placement
-serves more on the same compute; where the bound is under 1.25x of sticky least-loaded, no policy
-reaches the issue's 1.25. The table gives each variant's throughput over sticky least-loaded's, the
+holds every session in flight at maxModelLen. Nothing is evicted there, so no cap serves more with
+that placement on the same compute (a placement may: ours co-locates GRPO groups and serves up to
+1 % more where nothing is evicted); where the bound is far under 1.25x of sticky least-loaded, no
+policy reaches the issue's 1.25. The table gives each variant's throughput over sticky least-loaded's, the
 share of sticky least-loaded's prefill that was re-prefill of evicted context (where caps should
 win), and the fast loop's quarantines with the evicted re-prefill of live sessions they reacted to
 (a quarantine with none measured fired on noise).
@@ -45,7 +46,7 @@ __all__ = [
 
 BASELINE = "sticky-least-loaded"
 NO_EVICTION = "no-eviction"
-"""Sticky least-loaded where nothing is evicted: the most any cap or placement could serve."""
+"""Sticky least-loaded where nothing is evicted: the most any cap could serve with its placement."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     BASELINE: (BASELINE, {}),
     "router-alone": ("rolloutpool", {"kv_admission": True}),
