@@ -3,7 +3,8 @@
 engine-sim answers completions and chat; this one answers vLLM's RL paths the way
 vLLM 0.32 shapes them (``/inference/v1/generate`` token ids in and out, stream and
 not, with the OpenAI ``usage`` object), plus ``/tokenize``, ``/detokenize``,
-``/v1/responses``, render, SkyRL's generate and any other path (an echo), and 404
+``/v1/responses`` (shaped as vLLM's when asked with ``max_output_tokens``, stream and
+not; else an echo), render, SkyRL's generate and any other path (an echo), and 404
 for ``/missing/...``. Every request is recorded with its raw bytes and headers, and
 every answer is a pure function of the request, so a test can compare what came
 through the router with what the engine sends directly.
@@ -44,6 +45,7 @@ class FakeEngine:
         app = web.Application()
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/inference/v1/generate", self.generate)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_route("*", "/missing/{tail:.*}", self.missing)
         app.router.add_route("*", "/{tail:.*}", self.echo)
         return app
@@ -61,7 +63,9 @@ class FakeEngine:
         return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
 
     async def echo(self, request: web.Request) -> web.Response:
-        raw = await self._record(request)
+        return self._echo(request, await self._record(request))
+
+    def _echo(self, request: web.Request, raw: bytes) -> web.Response:
         answer = {"engine": self.name, "method": request.method, "path": request.path_qs, "bytes": len(raw)}
         return web.json_response(answer, headers={"X-Engine-Header": "kept"})
 
@@ -72,6 +76,38 @@ class FakeEngine:
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API's shape: ``input_tokens`` one per four characters of ``input`` plus one,
+        ``output_tokens`` = ``max_output_tokens``; the stream's ``response.completed`` event nests the response."""
+        raw = await self._record(request)
+        body = json.loads(raw)
+        if "max_output_tokens" not in body:
+            return self._echo(request, raw)
+        prompt = len(str(body.get("input", ""))) // 4 + 1
+        n = int(body["max_output_tokens"])
+        usage = {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": n,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + n,
+        }
+        answer = {"id": "resp_1", "object": "response", "status": "completed", "output": [], "usage": usage}
+        if body.get("stream") is not True:
+            return web.json_response(answer)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events = [
+            ("response.created", {"response": {**answer, "status": "in_progress", "usage": None}}),
+            ("response.output_text.delta", {"delta": "a", "output_index": 0}),
+            ("response.completed", {"response": answer}),
+        ]
+        for seq, (kind, data) in enumerate(events):
+            event = json.dumps({"type": kind, "sequence_number": seq, **data})
+            await response.write(f"event: {kind}\ndata: {event}\n\n".encode())
+        await response.write_eof()
+        return response
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         raw = await self._record(request)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica
 from rolloutpool.router.config import resolve_cap
 from rolloutpool.router.proxy import EventRelay
+from rolloutpool.router.relay import parse_usage
 from rolloutpool.router.scrape import parse_signals
+from rolloutpool.router.sessions import Usage
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, SessionKeyError, parse_fields, session_key
 from routerkit import MODEL, engines, no_leaked_tasks, router, sse
 
@@ -63,6 +66,23 @@ def test_event_relay_drops_only_the_injected_usage_chunk() -> None:
     assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens) == (5, 2, None)
     keep = EventRelay(drop_usage_chunk=False)
     assert keep.feed(stream) == stream
+
+
+def test_usage_of_the_responses_api_is_read_and_anthropics_is_not() -> None:
+    details = {"input_tokens_details": {"cached_tokens": 32}, "output_tokens_details": {"reasoning_tokens": 0}}
+    responses = {"usage": {"input_tokens": 40, "output_tokens": 7, "total_tokens": 47, **details}}
+    assert parse_usage(responses) == Usage(40, 7, 32)
+    completed = {"type": "response.completed", "response": responses}
+    assert parse_usage(completed) == Usage(40, 7, 32)  # the stream's last event nests the response
+    assert parse_usage({"type": "response.created", "response": {"usage": None}}) is None
+    assert parse_usage({"response": {"response": responses}}) is None  # one level of nesting, no deeper
+    anthropic = {"usage": {"input_tokens": 40, "output_tokens": 7, "cache_read_input_tokens": 32}}
+    assert parse_usage(anthropic) is None  # its input_tokens leave out cache reads: not a context
+    assert parse_usage({"usage": {"input_tokens": "40", "output_tokens": 7, **details}}) is None
+    relay = EventRelay(drop_usage_chunk=True)
+    stream = b"event: response.completed\ndata: " + orjson.dumps(completed) + b"\n\n"
+    assert relay.feed(stream) + relay.close() == stream
+    assert relay.usage == Usage(40, 7, 32)
 
 
 def test_parse_signals_reads_vllm_names() -> None:

@@ -220,6 +220,26 @@ async def test_generate_stream_is_byte_identical_and_only_the_injected_usage_chu
     await no_leaked_tasks()
 
 
+async def test_responses_api_turns_are_measured_streamed_or_not() -> None:
+    """``/v1/responses`` reports ``input_tokens`` / ``output_tokens`` / ``input_tokens_details.cached_tokens``,
+    nested in the ``response.completed`` event when streamed: both feed the session's context and re-prefill."""
+    async with fleet(1) as (rt, fakes, urls):
+        first = orjson.dumps({"model": "m", "input": "x" * 400, "max_output_tokens": 8})
+        status, _, _ = await raw_post(rt.http, f"{rt.url}/v1/responses", first, **{"X-Session-ID": "r"})
+        assert status == 200
+        assert rt.manager.lookup("r").context_tokens == 101 + 8
+        fakes[0].cached_tokens = 0  # turn 2, streamed: nothing cached, the 96 whole-block tokens of 109 re-prefilled
+        second = orjson.dumps({"model": "m", "input": "x" * 800, "max_output_tokens": 8, "stream": True})
+        via = await raw_post(rt.http, f"{rt.url}/v1/responses", second, **{"X-Session-ID": "r"})
+        direct = await raw_post(rt.http, f"{urls['f0']}/v1/responses", second)
+        assert via[0] == direct[0] == 200
+        assert via[1] == direct[1]  # the stream, byte for byte
+        assert b"response.completed" in via[1]
+        assert rt.manager.lookup("r").context_tokens == 201 + 8
+        assert await rt.metric("rolloutpool_router_reprefilled_tokens_total", replica="f0") == 96
+    await no_leaked_tasks()
+
+
 PATHS = [
     ("POST", "/tokenize", b'{"model": "m", "prompt": "hi", "cache_salt": "v1"}'),
     ("POST", "/detokenize", b'{"model": "m", "tokens": [1, 2]}'),

@@ -2,8 +2,9 @@
 
 A response carries the OpenAI ``usage`` object when it is a generation (vLLM's
 completions, chat completions and ``/inference/v1/generate`` responses; the final
-chunk of a stream asked with ``include_usage``). :func:`response_usage` finds it at
-the top level of a JSON response without decoding the rest (token ids, text).
+chunk of a stream asked with ``include_usage``; ``/v1/responses`` answers and their
+stream's ``response.completed`` event). :func:`response_usage` finds it at the top
+level of a JSON response without decoding the rest (token ids, text).
 
 :class:`EventRelay` forwards a server-sent-event stream: chunks go out as they
 came in, except that an event mentioning ``"usage"`` is read, and the usage chunk
@@ -30,16 +31,30 @@ _USAGE_KEY = frozenset((b"usage",))
 
 
 def parse_usage(obj: Any) -> Usage | None:
-    """The usage of a response or usage chunk, or None (pure)."""
+    """The usage of a response or usage chunk, or None (pure).
+
+    Completions, chat and generate carry ``prompt_tokens`` / ``completion_tokens`` /
+    ``prompt_tokens_details.cached_tokens``; the Responses API ``input_tokens`` / ``output_tokens`` /
+    ``input_tokens_details.cached_tokens``, and its stream nests the response (with its usage) in the
+    ``response.completed`` event. Anthropic's ``/v1/messages`` usage (no ``input_tokens_details``; its
+    ``input_tokens`` leaves out cache reads) is not read.
+    """
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
     if not isinstance(usage, dict):
+        nested = obj.get("response")  # a Responses stream event
+        return parse_usage(nested) if isinstance(nested, dict) and "response" not in nested else None
+    if "prompt_tokens" in usage:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+        details = usage.get("prompt_tokens_details")
+    elif isinstance(usage.get("input_tokens_details"), dict):
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens", 0)
+        details = usage["input_tokens_details"]
+    else:
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
     if type(prompt) is not int or type(completion) is not int:
         return None
-    details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(prompt, completion, cached if type(cached) is int else None)
 
