@@ -189,3 +189,31 @@ def test_the_ledger_gives_each_replica_its_measured_floor_over_its_own_capacity(
     assert ledger.measured_floor("unknown") is None  # no capacity reported: no floor
     assert ledger.measured_floor("gone") is None
     assert _ledger(kv_admission=False).measured_floor("a") is None  # nothing projected
+
+
+def test_the_measured_floor_is_worked_out_once_per_change_not_once_per_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scrape asks for every replica's floor; the final context behind it is the fleet's, so one pass serves all."""
+    import rolloutpool.routing.admission_kv as module  # noqa: PLC0415 - the name the projection looks up
+
+    calls: list[int] = []
+    real = module.censored_quantile
+
+    def counted(**kwargs: object) -> float | None:
+        calls.append(1)
+        return real(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "censored_quantile", counted)
+    kv = KvProjection(KvAdmissionConfig(MAX_LEN))
+    for i in range(25):
+        kv.bound(f"s{i}", "a", context=1000)
+        kv.turn_finished(f"s{i}", "a", context=3000)
+        kv.released(f"s{i}", finished=True)
+    kv.bound("live", "a", context=1500)
+    floors = {kv.measured_floor(capacity_tokens=CAPACITY // k) for k in range(1, 50)}
+    assert len(calls) == 1
+    assert len(floors) > 1  # each replica's own capacity
+    kv.turn_finished("live", "a", context=2500)
+    kv.measured_floor(capacity_tokens=CAPACITY)
+    assert len(calls) == 2  # a context moved: worked out again

@@ -77,6 +77,9 @@ class KvProjection:
         self._weights[self._bin(min(1.0, 2.0 * config.expected_residency) * config.max_model_len)] = 1.0
         self._finals: deque[float] = deque(maxlen=config.floor_window)
         """Final contexts of the last finished sessions (undecayed, for :meth:`measured_floor`)."""
+        self._floor_contexts: dict[tuple[float, float], float | None] = {}
+        """(quantile, beyond) -> the measured floor's final context, until a context or a finish changes: the same
+        for every replica, asked for each one at every scrape."""
         self._first: dict[str, float] = {}
         """Session id -> its first context (or the estimate it was admitted with)."""
         self._context: dict[str, int] = {}
@@ -137,6 +140,13 @@ class KvProjection:
         finishes). None while more than ``beyond`` of the live sessions already hold more than the quantile: the
         finished ones do not describe the live ones yet.
         """
+        key = (quantile, beyond)
+        if key not in self._floor_contexts:
+            self._floor_contexts[key] = self._floor_context(quantile, beyond)
+        final = self._floor_contexts[key]
+        return None if final is None else int(capacity_tokens * (1.0 - self.config.headroom) // final)
+
+    def _floor_context(self, quantile: float, beyond: float) -> float | None:
         contexts = self._context.values()
         censored = None
         if len(self._finals) >= self.config.floor_min_finished:
@@ -144,11 +154,12 @@ class KvProjection:
         final = max(self.final_quantile(quantile) if censored is None else censored, 1.0)
         if contexts and sum(1 for c in contexts if c > final) > beyond * len(contexts):
             return None
-        return int(capacity_tokens * (1.0 - self.config.headroom) // final)
+        return final
 
     # -- updates --------------------------------------------------------------------------
 
     def _set(self, session_id: str, replica: str, value: float) -> None:
+        self._floor_contexts.clear()  # every context change passes here or through released
         state = self.replicas.setdefault(replica, ReplicaProjection())
         self._replica[session_id] = replica
         state.tokens += value - state.sessions.get(session_id, 0.0)
@@ -176,6 +187,7 @@ class KvProjection:
 
     def released(self, session_id: str, *, finished: bool) -> None:
         """A session stopped being live; ``finished``: it ended its rollout (its context was its final one)."""
+        self._floor_contexts.clear()
         first = self._first.pop(session_id, None)
         context = self._context.pop(session_id, None)
         if finished and first is not None and context is not None:
@@ -192,6 +204,7 @@ class KvProjection:
 
     def replica_removed(self, replica: str) -> None:
         """Forget a replica and its sessions."""
+        self._floor_contexts.clear()
         state = self.replicas.pop(replica, None)
         for session_id in () if state is None else state.sessions:
             self._first.pop(session_id, None)

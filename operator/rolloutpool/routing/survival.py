@@ -9,6 +9,7 @@ and it has no quantile at all while too many sessions are still running past eve
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 __all__ = ["censored_quantile"]
@@ -26,19 +27,13 @@ def censored_quantile(*, finished: Iterable[float], live: Iterable[float], q: fl
         raise ValueError(f"q must be in (0, 1), got {q}")
     events = sorted(finished)
     censored = sorted(live)
-    at_risk = len(events) + len(censored)
-    survival, i, j = 1.0, 0, 0
+    survival, i = 1.0, 0
     while i < len(events):
         value = events[i]
-        while j < len(censored) and censored[j] < value:  # ended their observation before this context
-            j += 1
-            at_risk -= 1
-        ended = 0
-        while i < len(events) and events[i] == value:
-            ended += 1
-            i += 1
-        survival *= 1.0 - ended / at_risk
-        at_risk -= ended
+        same = bisect_right(events, value, lo=i)
+        at_risk = len(events) - i + len(censored) - bisect_left(censored, value)  # still running at ``value``
+        survival *= 1.0 - (same - i) / at_risk
         if survival <= 1.0 - q + 1e-12:
             return value
+        i = same
     return None
