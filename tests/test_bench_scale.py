@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rolloutpool.dev.bench.scale import operator_pass, router_scale
+from rolloutpool.dev.bench.scale import operator_pass, router_scale, router_scrape
 
 
 def test_router_scale_holds_the_sessions_it_reports() -> None:
@@ -29,3 +29,12 @@ def test_operator_pass_times_every_pure_decision() -> None:
         "status_compare",
     }
     assert result["pass_cpu_ms_median"] > 0
+
+
+def test_router_scrape_renders_a_router_that_measures_its_floor() -> None:
+    result = router_scrape(replicas=10, sessions=300)
+    assert result["sessions"] == 300
+    assert result["measured_floor"] is not None  # the floor's censored quantile ran (256 finished, live ones early)
+    assert result["measured_floor"] > 0
+    figures = result["metrics_render_cpu_ms"]
+    assert 0 <= figures["p50"] <= figures["max"]

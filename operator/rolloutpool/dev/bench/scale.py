@@ -8,6 +8,11 @@ the router (``SessionManager.acquire``) and through the pure ledger (``Ledger.ar
 clock and the thread's CPU time (which a loaded, shared machine does not inflate), a returning
 turn's latency, and the process RSS once the table is full.
 
+Scrape: the CPU time of one ``/metrics`` render of a router that admits by projected KV tokens
+(its per-replica gauges, the measured session floor among them) with ``--sessions`` live
+sessions one turn in over ``--replicas`` replicas that reported their KV capacity, after 256
+rollouts finished.
+
 Operator: the pure decisions one reconcile pass runs for a pool of ``--replicas`` engines on a
 synthetic observed world (every pod ready, every replica with signals): ``parse_spec``,
 ``router_objects``, ``desired_engine_pods``, ``plan_engines``, ``plan_controls`` (the control
@@ -31,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "operator_pass", "router_scale"]
+__all__ = ["main", "operator_pass", "router_scale", "router_scrape"]
 
 
 def _rss_mb() -> float:
@@ -136,6 +141,49 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
         "placement_router_cpu": _quantiles(timings["router_cpu"]),
         "placement_ledger_cpu": _quantiles(timings["ledger_cpu"]),
         "returning_turn_router": _quantiles(timings["returning"]),
+    }
+
+
+def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: int = 0) -> dict[str, Any]:
+    """Time rendering ``/metrics`` of a KV-admitting router at ``sessions`` live sessions with contexts."""
+    from prometheus_client import generate_latest  # noqa: PLC0415
+
+    from rolloutpool.router.config import ReplicaSpec, RouterConfig  # noqa: PLC0415
+    from rolloutpool.router.instruments import RouterMetrics  # noqa: PLC0415
+    from rolloutpool.router.sessions import SessionManager, Usage  # noqa: PLC0415
+    from rolloutpool.routing.events import Bound  # noqa: PLC0415
+    from rolloutpool.routing.policies import Placement  # noqa: PLC0415
+
+    max_len = 32768
+    specs = tuple(ReplicaSpec(f"engine-{i}", f"http://10.0.{i // 256}.{i % 256}:8000") for i in range(replicas))
+    metrics = RouterMetrics()
+    manager = SessionManager(
+        RouterConfig(replicas=specs, max_model_len=max_len, queue_max=sessions), clock=time.monotonic, metrics=metrics
+    )
+    ledger = manager.ledger
+    room = 4 * max_len * -(-(sessions + finished) // replicas)  # the cold projection admits every session
+    for spec in specs:
+        ledger.set_capacity(spec.name, capacity_tokens=room, block_size=16, now=time.monotonic())
+    rng = random.Random(seed)  # noqa: S311 -- a workload, not secrets
+    for i in range(finished + sessions):
+        arrival = ledger.arrive(Placement(f"traj-{i}"), now=time.monotonic())
+        assert isinstance(arrival, Bound)  # noqa: S101 -- the capacity leaves room by construction
+        context = rng.randint(2_000, 20_000) if i < finished else rng.randint(500, 5_000)  # live: early on
+        ledger.finish_turn(arrival.session, now=time.monotonic(), usage=Usage(context - 100, 100, None))
+        if i < finished:
+            ledger.release(f"traj-{i}", how="finished", now=time.monotonic())
+        ledger.take_events()
+    floor = ledger.measured_floor(specs[0].name)
+    cpu_ms = []
+    for _ in range(3):
+        started = time.process_time()
+        generate_latest(metrics.registry)
+        cpu_ms.append((time.process_time() - started) * 1e3)
+    return {
+        "replicas": replicas,
+        "sessions": len(ledger.table.sessions),
+        "measured_floor": floor,
+        "metrics_render_cpu_ms": {"p50": round(statistics.median(cpu_ms), 1), "max": round(max(cpu_ms), 1)},
     }
 
 
@@ -288,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         result["router"] = router_scale(
             replicas=args.replicas, sessions=args.sessions, samples=args.samples, seed=args.seed
         )
+        result["scrape"] = router_scrape(replicas=args.replicas, sessions=args.sessions, seed=args.seed)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:
