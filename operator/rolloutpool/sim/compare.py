@@ -8,10 +8,12 @@ fixed default cap), the operator's adaptive law, and a bound: sticky least-loade
 holds every session in flight at maxModelLen. Nothing is evicted there, so no cap serves more with
 that placement on the same compute (a placement may: ours co-locates GRPO groups and serves up to
 1 % more where nothing is evicted); where the bound is far under 1.25x of sticky least-loaded, no
-policy reaches the issue's 1.25. The table gives each variant's throughput over sticky least-loaded's, the
-share of sticky least-loaded's prefill that was re-prefill of evicted context (where caps should
-win), and the fast loop's quarantines with the evicted re-prefill of live sessions they reacted to
-(a quarantine with none measured fired on noise).
+policy reaches the issue's 1.25.
+
+The table gives each variant's throughput over sticky least-loaded's, the share of sticky
+least-loaded's prefill that was re-prefill of evicted context (where caps should win), and the fast
+loop's quarantines with the evicted re-prefill of live sessions they reacted to (a quarantine with
+none measured fired on noise).
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ def summary_markdown(
     """The issue-15 table: one line per (scenario, load, seed), every variant over sticky least-loaded (pure).
 
     With ``best`` (:func:`best_fixed`), the best fixed cap in hindsight and the adaptive law and the router alone
-    over it; with ``NO_EVICTION`` rows, the bound no cap or placement passes.
+    over it; with ``NO_EVICTION`` rows, the bound no cap passes with sticky least-loaded's placement.
     Ends with the fast-quarantine check: every run that quarantined measured evicted re-prefill of live sessions.
     """
     points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
