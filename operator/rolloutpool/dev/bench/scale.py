@@ -39,6 +39,15 @@ from typing import Any
 __all__ = ["main", "operator_pass", "router_scale", "router_scrape"]
 
 
+def _replica_specs(count: int) -> tuple[Any, ...]:
+    """``count`` replicas with distinct made-up addresses (nothing is dialled)."""
+    from rolloutpool.router.config import ReplicaSpec  # noqa: PLC0415
+
+    return tuple(
+        ReplicaSpec(f"engine-{i}", f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000") for i in range(count)
+    )
+
+
 def _rss_mb() -> float:
     """Resident set size of this process now (Linux ``/proc``)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -60,7 +69,7 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
     *, replicas: int, sessions: int, samples: int, group_size: int = 16, seed: int = 0
 ) -> dict[str, Any]:
     """Fill one router's state to ``sessions`` live sessions and time placements at that size."""
-    from rolloutpool.router.config import ReplicaSpec, RouterConfig  # noqa: PLC0415
+    from rolloutpool.router.config import RouterConfig  # noqa: PLC0415
     from rolloutpool.router.instruments import RouterMetrics  # noqa: PLC0415
     from rolloutpool.router.sessions import SessionManager  # noqa: PLC0415
     from rolloutpool.routing.events import Bound  # noqa: PLC0415
@@ -68,9 +77,7 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
 
     rss_start = _rss_mb()
     cap = -(-sessions * 5 // (4 * replicas))  # a quarter of headroom over the mean: placements never queue
-    specs = tuple(
-        ReplicaSpec(f"engine-{i}", f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000") for i in range(replicas)
-    )
+    specs = _replica_specs(replicas)
     config = RouterConfig(replicas=specs, cap=cap, queue_max=sessions)
     manager = SessionManager(config, clock=time.monotonic, metrics=RouterMetrics())
     rng = random.Random(seed)  # noqa: S311 -- a workload, not secrets
@@ -148,14 +155,14 @@ def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: in
     """Time rendering ``/metrics`` of a KV-admitting router at ``sessions`` live sessions with contexts."""
     from prometheus_client import generate_latest  # noqa: PLC0415
 
-    from rolloutpool.router.config import ReplicaSpec, RouterConfig  # noqa: PLC0415
+    from rolloutpool.router.config import RouterConfig  # noqa: PLC0415
     from rolloutpool.router.instruments import RouterMetrics  # noqa: PLC0415
     from rolloutpool.router.sessions import SessionManager, Usage  # noqa: PLC0415
     from rolloutpool.routing.events import Bound  # noqa: PLC0415
     from rolloutpool.routing.policies import Placement  # noqa: PLC0415
 
     max_len = 32768
-    specs = tuple(ReplicaSpec(f"engine-{i}", f"http://10.0.{i // 256}.{i % 256}:8000") for i in range(replicas))
+    specs = _replica_specs(replicas)
     metrics = RouterMetrics()
     manager = SessionManager(
         RouterConfig(replicas=specs, max_model_len=max_len, queue_max=sessions), clock=time.monotonic, metrics=metrics
