@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
@@ -63,7 +64,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 def every_session_resident(config: FleetConfig) -> FleetConfig:
     """The same fleet with KV blocks for every session in flight at maxModelLen on each replica (pure)."""
     tokens = (config.in_flight + 1) * config.scenario.max_model_len
-    return replace(config, num_gpu_blocks=-(-tokens // 16) + 1)
+    return replace(config, num_gpu_blocks=-(-tokens // DEFAULT_BLOCK_SIZE) + 1)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from rolloutpool.capacity import conservative_cap
+from rolloutpool.capacity import DEFAULT_BLOCK_SIZE, conservative_cap
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
 from rolloutpool.sim.results import RunResult
@@ -28,7 +28,9 @@ class Job:
 def fleet_floor(config: FleetConfig) -> int:
     """The fleet's conservative capacity: replicas x (KV tokens // maxModelLen)."""
     blocks = config.num_gpu_blocks or hardware_preset(config.hardware).num_gpu_blocks
-    per_replica = conservative_cap(capacity_tokens=blocks * 16, max_model_len=config.scenario.max_model_len)
+    per_replica = conservative_cap(
+        capacity_tokens=blocks * DEFAULT_BLOCK_SIZE, max_model_len=config.scenario.max_model_len
+    )
     return per_replica * config.replicas
 
 
