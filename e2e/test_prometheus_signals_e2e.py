@@ -219,6 +219,9 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         assert not idle_s.preemptions_per_s
         assert idle_s.prefix_hit_ratio is None  # 0/0: the idle engine saw no query
         assert idle_s.kv_usage == 0.0
+        assert idle_s.kv_usage_mean == 0.0, "avg_over_time of a cache that stayed empty"
+        assert hot_s.kv_usage_mean is not None  # its value: a few 1 s scrapes catch a running request, or none
+        assert 0.0 <= hot_s.kv_usage_mean <= 1.0
         # the router's measured floor, through Prometheus: six finished sessions do not outweigh the prior yet, so
         # every session counts at maxModelLen (4096 * 0.9 // 2048)
         assert (hot_s.kv_cap, idle_s.kv_cap) == (1, 1)
@@ -257,6 +260,7 @@ async def test_kv_usage_falls_back_to_the_older_metric_name_and_duplicates_count
     legacy = signals[LEGACY]
     assert legacy is not None
     assert legacy.kv_usage == 0.375
+    assert legacy.kv_usage_mean == 0.375, "the window's mean falls back to the older name as well"
     assert legacy.waiting == 2.0, "two jobs scrape it: still counted once"
     assert legacy.kv_capacity_tokens == 1600
     assert signals["rl-pool-engine-9"] is None

@@ -158,6 +158,34 @@ def test_nearing_the_cliff_turns_the_climb_into_probes() -> None:
     assert (probed.cap, probed.reason, probed.limit) == (21, "Probed", 21)
 
 
+def test_eviction_of_idle_prefixes_speeds_the_slow_start_up_instead_of_stopping_it() -> None:
+    params = replace(P, idle_eviction_factor=1.15, idle_eviction_cooldown_seconds=15, idle_eviction_usage=0.25)
+    idle = replace(CALM, kv_usage=0.4, kv_usage_mean=0.2, reprefill_tokens_per_s=1000.0)  # past warning_fraction
+    fast = decide_replica(previous=at(20), signals=idle, params=params, now=16)
+    assert (fast.cap, fast.reason, fast.limit) == (23, "Raised", None)  # x1.15 after 15 s, no Nearing stop
+    assert decide_replica(previous=at(20), signals=idle, params=params, now=14).cap == 20  # its own cooldown
+    # a cache that ran fuller over the window, an unknown mean or unknown preemptions: early eviction stops it
+    for signals in (
+        replace(idle, kv_usage=0.1, kv_usage_mean=0.3),
+        replace(idle, kv_usage_mean=None),
+        replace(idle, preemptions_per_s=None),
+    ):
+        warned = decide_replica(previous=at(20), signals=signals, params=params, now=100)
+        assert (warned.cap, warned.reason, warned.limit) == (20, "Nearing", 21), signals
+    # nothing evicted yet: the gentle slow start, after the whole cooldown
+    quiet = replace(idle, reprefill_tokens_per_s=0.0)
+    assert decide_replica(previous=at(20), signals=quiet, params=params, now=16).cap == 20
+    assert decide_replica(previous=at(20), signals=quiet, params=params, now=60).cap == 21
+    # once a limit is learned the slow start is over: the cooldown holds and early eviction stops the climb again
+    learned = at(20, limit=30)
+    assert decide_replica(previous=learned, signals=idle, params=params, now=16).cap == 20
+    stopped = decide_replica(previous=learned, signals=idle, params=params, now=60)
+    assert (stopped.cap, stopped.reason, stopped.limit) == (20, "Nearing", 21)
+    # over the threshold it is pressure, whatever the usage
+    cut = decide_replica(previous=at(20), signals=replace(idle, reprefill_tokens_per_s=2500.0), params=params, now=16)
+    assert (cut.cap, cut.reason) == (19, "Evicting")
+
+
 def test_mild_pressure_quarantines_only_when_asked() -> None:
     params = replace(P, quarantine_on="severe")
     assert not decide_replica(previous=at(20), signals=EVICTING, params=params, now=100).quarantined

@@ -43,6 +43,7 @@ def full_answer() -> dict[str, list[dict[str, Any]]]:
     """Answers for two replicas: a pressured a, an idle b (0/0 hit ratio, no router counter)."""
     return {
         "kv_usage": vec("pod", {"a": 0.93, "b": 0.0}),
+        "kv_usage_mean": vec("pod", {"a": 0.97, "b": 0.0}),
         "preemptions_per_s": vec("pod", {"a": 0.5, "b": 0}),
         "waiting": vec("pod", {"a": 3, "b": 0}),
         "prefix_hit_ratio": vec("pod", {"a": 0.42, "b": "NaN"}),
@@ -99,6 +100,10 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     router = f'namespace="team-a", replica=~"{alternation}"'
     assert queries["kv_usage"] == (
         f"max by (pod) (vllm:kv_cache_usage_perc{{{engine}}}) or max by (pod) (vllm:gpu_cache_usage_perc{{{engine}}})"
+    )
+    assert queries["kv_usage_mean"] == (
+        f"max by (pod) (avg_over_time(vllm:kv_cache_usage_perc{{{engine}}}[60s]))"
+        f" or max by (pod) (avg_over_time(vllm:gpu_cache_usage_perc{{{engine}}}[60s]))"
     )
     assert queries["preemptions_per_s"] == (
         f"sum by (pod) (max by (pod, engine) (rate(vllm:num_preemptions_total{{{engine}}}[60s])))"
@@ -163,6 +168,7 @@ def test_assemble_signals_of_a_pressured_and_an_idle_replica() -> None:
     signals = assemble_signals(full_answer(), replicas=["a", "b"])
     assert signals["a"] == ReplicaSignals(
         kv_usage=0.93,
+        kv_usage_mean=0.97,
         preemptions_per_s=0.5,
         waiting=3.0,
         prefix_hit_ratio=0.42,

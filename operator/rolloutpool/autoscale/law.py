@@ -39,6 +39,9 @@ class ReplicaSignals:
 
     kv_usage: float | None = None
     """``vllm:kv_cache_usage_perc`` or ``gpu_cache_usage_perc``, 0..1; idle cached prefixes count as free."""
+    kv_usage_mean: float | None = None
+    """``kv_usage`` averaged over the rate window (``avg_over_time``): one instant's gauge swings 0.2-0.6 within a
+    minute on long contexts, a mean does not, and does not depend on the scrape interval."""
     preemptions_per_s: float | None = None
     """``rate(vllm:num_preemptions_total)`` over the interval."""
     waiting: float | None = None
@@ -143,6 +146,19 @@ class LawParams:
     itself stops new sessions until enough finish; the rate window outlasts the pressure by minutes)."""
     warning_fraction: float = 0.25
     """Eviction at this fraction of a pressure threshold stops the additive climb (probes only from there)."""
+    idle_eviction_usage: float = 0.25
+    """Before any limit was learned, eviction measured under its threshold while the KV usage averaged under this over
+    the rate window (``ReplicaSignals.kv_usage_mean``) is eviction of idle prefixes: the cache is oversubscribed by
+    sessions in their tool calls, while the running ones hold a quarter of it. A re-prefill then lands on an engine
+    with room and costs little (on ``rolloutpool bench``'s default fleet sticky least-loaded evicts 60 % of its
+    prefill and serves the most; the window means there were 0.16-0.22 at the median). Then the slow start climbs by
+    ``idle_eviction_factor`` every ``idle_eviction_cooldown_seconds`` and early eviction does not stop it
+    (``warning_fraction``). Where contexts are long the cache runs fuller before anything is evicted (the H100
+    fleet's 3x points: medians 0.47-0.65), so the fast climb stays out of the storms it would overshoot into; the
+    lowest means there (0.23-0.27, ``bimodal``) come close to this mark."""
+    idle_eviction_factor: float = 1.15
+    idle_eviction_cooldown_seconds: float = 15.0
+    """At most ``cooldown_seconds``."""
     settle_seconds: float = 300.0
     """After a cut, pressure within this long holds the cap instead of cutting again: a cut only
     stops new sessions, the resident ones take minutes to finish (about a median trajectory's life)."""
@@ -272,9 +288,11 @@ def decide_replica(
     start), then additively up to one step under the limit, where it holds and probes one step
     higher every ``probe_seconds``; eviction under the threshold (``warning_fraction`` of it)
     ends the climb where it is, since eviction lags the cap by minutes (admitted sessions
-    grow). Inside the band it holds. A cap changes at most once per cooldown, except that a
-    cut never waits for a raise's cooldown; a cut waits ``settle_seconds`` after the previous
-    cut, and while live sessions still exceed the cap. Without signals the replica falls back
+    grow), unless it is eviction of idle prefixes from a cache that stayed mostly free (then
+    the slow start climbs faster, ``idle_eviction_usage``). Inside the band it holds. A cap
+    changes at most once per cooldown, except that a cut never waits for a raise's cooldown;
+    a cut waits ``settle_seconds`` after the previous cut, and while live sessions still
+    exceed the cap. Without signals the replica falls back
     to the floor, unquarantined.
     """
     if previous is None or previous.cap is None:
@@ -300,7 +318,12 @@ def _raise(
     )  # fmt: skip
     usage = signals.kv_usage
     early = previous.limit is None and _jumps(current, signals, params)
-    cooldown = min(params.jump_cooldown_seconds, params.cooldown_seconds) if early else params.cooldown_seconds
+    idle = previous.limit is None and _evicts_idle(signals, params)
+    cooldown = params.cooldown_seconds
+    if early:
+        cooldown = min(params.jump_cooldown_seconds, cooldown)
+    if idle:
+        cooldown = min(params.idle_eviction_cooldown_seconds, cooldown)
     cooled = previous.changed_at is None or now - previous.changed_at >= cooldown
     binding = (signals.live_sessions is None or signals.live_sessions >= current - params.binding_slack) and (
         signals.queued_sessions is None or signals.queued_sessions > 0
@@ -310,13 +333,15 @@ def _raise(
     step = params.increase_step
     limit = previous.limit
     climbing = limit is None or current + step < limit
-    if climbing and _eviction_ratio(signals, params) >= params.warning_fraction:
+    if climbing and not idle and _eviction_ratio(signals, params) >= params.warning_fraction:
         # live prefixes start to go, under the threshold: the cliff is near and its signal lags the cap by
         # minutes (sessions grow after admission), so stop climbing here and only probe from now on
         return replace(keep, limit=min(limit or current + step, current + step), limit_at=now, reason="Nearing")
     if limit is None:
         near = usage >= params.slow_start_near_usage
         factor = params.slow_start_near_factor if near else params.slow_start_factor
+        if idle:
+            factor = params.idle_eviction_factor
         raised = _clamp(max(current + step, math.floor(current * factor)), params)
         if signals.kv_cap is not None:  # contexts far shorter than the cap assumes: no need to climb
             raised = max(raised, _clamp(signals.kv_cap, params))
@@ -335,6 +360,16 @@ def _raise(
     return ReplicaControl(
         cap=raised, changed_at=now, quarantined=False, reason=reason_raise, limit=limit, limit_at=limit_at
     )
+
+
+def _evicts_idle(signals: ReplicaSignals, params: LawParams) -> bool:
+    """Whether the replica evicts idle prefixes only: some re-prefill, under its threshold, no preemption, and the KV
+    usage under ``idle_eviction_usage`` on average over the window (see there; an unknown signal is not idle)."""
+    mean, reprefill, preemptions = signals.kv_usage_mean, signals.reprefill_tokens_per_s, signals.preemptions_per_s
+    if mean is None or reprefill is None or preemptions is None:
+        return False
+    below = reprefill < params.reprefill_tokens_per_s
+    return mean < params.idle_eviction_usage and preemptions == 0.0 and reprefill > 0.0 and below
 
 
 def _jumps(current: int, signals: ReplicaSignals, params: LawParams) -> bool:

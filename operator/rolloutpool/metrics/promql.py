@@ -37,6 +37,7 @@ _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
 QUERY_NAMES: Final = (
     "kv_usage",
+    "kv_usage_mean",
     "preemptions_per_s",
     "waiting",
     "prefix_hit_ratio",
@@ -95,7 +96,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     Engine queries aggregate ``by (pod)`` (summed over a pod's engines), router queries
     ``by (replica)`` (summed over router pods); series scraped twice by different jobs count
     once. ``kv_usage`` falls back per pod to vLLM's older ``gpu_cache_usage_perc`` when
-    ``kv_cache_usage_perc`` is absent.
+    ``kv_cache_usage_perc`` is absent (``kv_usage_mean`` likewise: its mean over the window).
     """
     if not replicas:
         raise ValueError("at least one replica is needed")
@@ -108,6 +109,10 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     return {
         "kv_usage": (
             f"max by (pod) ({vm.KV_CACHE_USAGE}{{{engine}}}) or max by (pod) ({vm.GPU_CACHE_USAGE}{{{engine}}})"
+        ),
+        "kv_usage_mean": (
+            f"max by (pod) (avg_over_time({vm.KV_CACHE_USAGE}{{{engine}}}[{w}]))"
+            f" or max by (pod) (avg_over_time({vm.GPU_CACHE_USAGE}{{{engine}}}[{w}]))"
         ),
         "preemptions_per_s": _engine_sum(f"rate({vm.total(vm.NUM_PREEMPTIONS)}{{{engine}}}[{w}])"),
         "waiting": _engine_sum(f"{vm.NUM_REQUESTS_WAITING}{{{engine}}}"),
@@ -188,6 +193,7 @@ def assemble_signals(
         name: sample_values(results.get(name, ()), label="pod")
         for name in (
             "kv_usage",
+            "kv_usage_mean",
             "preemptions_per_s",
             "waiting",
             "prefix_hit_ratio",
@@ -215,6 +221,7 @@ def assemble_signals(
         floor = _finite(by_replica["measured_floor"].get(replica))
         signals[replica] = ReplicaSignals(
             kv_usage=_finite(by_pod["kv_usage"].get(replica)),
+            kv_usage_mean=_finite(by_pod["kv_usage_mean"].get(replica)),
             preemptions_per_s=_finite(by_pod["preemptions_per_s"].get(replica)),
             waiting=_finite(by_pod["waiting"].get(replica)),
             prefix_hit_ratio=_finite(by_pod["prefix_hit_ratio"].get(replica)),

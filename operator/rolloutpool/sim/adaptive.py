@@ -2,8 +2,9 @@
 
 Every ``interval_s`` virtual seconds (the Prometheus scrape interval) each replica's engine
 metrics are sampled the way a scrape would sample them: gauges (KV usage, waiting requests)
-at that instant, counters (preemptions, prefix-cache hits and queries, the router's
-re-prefilled tokens of LIVE sessions) as ``rate()`` over the law's window. The same pure
+at that instant, KV usage also as its mean over the law's window, counters (preemptions,
+prefix-cache hits and queries, the router's re-prefilled tokens of LIVE sessions) as
+``rate()`` over the law's window. The same pure
 :func:`rolloutpool.autoscale.decide_replica` the operator runs turns them into caps and
 quarantine; nothing here knows the workload's residency.
 """
@@ -42,6 +43,7 @@ class _Scrape:
     hits: int
     queries: int
     reprefill: int
+    usage: float
 
 
 class AdaptiveCaps:
@@ -85,7 +87,7 @@ class AdaptiveCaps:
     ) -> ReplicaSignals:
         c = engine.counters
         scrapes = self._scrapes[name]
-        scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill))
+        scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill, engine.pool.usage))
         while scrapes and scrapes[0].t < now - self.params.rate_window_seconds - 1e-9:
             scrapes.popleft()
         first, last = scrapes[0], scrapes[-1]
@@ -94,6 +96,7 @@ class AdaptiveCaps:
         queries = last.queries - first.queries
         return ReplicaSignals(
             kv_usage=engine.pool.usage,
+            kv_usage_mean=sum(s.usage for s in scrapes) / len(scrapes),
             preemptions_per_s=rate(first.preemptions, last.preemptions),
             waiting=float(len(engine.waiting)),
             prefix_hit_ratio=(last.hits - first.hits) / queries if queries > 0 else None,

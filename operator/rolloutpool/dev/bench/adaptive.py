@@ -254,6 +254,14 @@ class AdaptiveLaw:
             points.popleft()
         return rate_over(points)
 
+    def _mean(self, name: str, now: float, value: float) -> float:
+        """The mean of a gauge's samples within the window (``avg_over_time``), this one included."""
+        points = self._counters.setdefault(name, {}).setdefault("kv_usage", deque())
+        points.append((now, value))
+        while points[0][0] < now - self.window_s - 1e-9:
+            points.popleft()
+        return sum(v for _, v in points) / len(points)
+
     def signals(
         self, *, now: float, engines: Mapping[str, EngineScrape], router: RouterScrape
     ) -> dict[str, ReplicaSignals | None]:
@@ -269,6 +277,7 @@ class AdaptiveLaw:
             reprefill = router.reprefilled_tokens_total.get(name)
             signals[name] = ReplicaSignals(
                 kv_usage=engine.kv_usage,
+                kv_usage_mean=None if engine.kv_usage is None else self._mean(name, now, engine.kv_usage),
                 preemptions_per_s=self._rate(name, "preemptions", now, engine.preemptions_total),
                 waiting=engine.waiting,
                 prefix_hit_ratio=hits / queries if hits is not None and queries else None,
