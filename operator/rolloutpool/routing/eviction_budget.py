@@ -17,7 +17,10 @@ at most every sixth of ``window_seconds``:
 - the mean rate over ``reprefill_tokens_per_s``: eviction costs more than it buys, the factor falls by
   ``step_factor`` (down to 1);
 - under ``grow_below`` of it while new sessions wait: one more eviction pays for itself, the factor
-  rises by ``step_factor`` (up to ``max_scale``);
+  rises by ``step_factor`` (up to ``max_scale``), at most once per window; once per step while the
+  eviction is of idle prefixes (some measured, and the engines' KV usage averaged under ``idle_usage``
+  over the window: the running sessions hold a quarter of the cache, the rest is prefixes of sessions
+  in their tool calls), the same mark as the control law's (``LawParams.idle_eviction_usage``);
 - otherwise it holds.
 
 One factor for the fleet, applied to each replica's own KV tokens, keeps the replicas balanced (a
@@ -32,6 +35,7 @@ faster (``engine-sim --time-scale k``) takes ``k`` times the budget and ``1/k`` 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, replace
 
 from rolloutpool.routing.window import WindowSum
@@ -56,6 +60,9 @@ class EvictionBudgetConfig:
     """The factor rises while the mean rate is under this share of the budget (and sessions wait)."""
     step_factor: float = 1.1
     max_scale: float = 8.0
+    idle_usage: float = 0.25
+    """KV usage (the fleet's mean over the window) under which measured eviction is of idle prefixes: the factor may
+    rise every step instead of every window. 0 turns that off."""
 
     def __post_init__(self) -> None:
         if not (self.reprefill_tokens_per_s > 0 and self.window_seconds > 0):
@@ -87,6 +94,7 @@ class EvictionBudget:
         self.rises = 0
         self.falls = 0
         self._windows: dict[str, WindowSum] = {}
+        self._usage: dict[str, deque[tuple[float, float]]] = {}
         self._since: float | None = None
         self._last_step = -math.inf
         self._last_move = -math.inf
@@ -99,9 +107,26 @@ class EvictionBudget:
         if tokens > 0:
             window.add(tokens, now=now)
 
+    def observe_usage(self, replica: str, *, now: float, usage: float) -> None:
+        """A scrape of the replica's KV usage (0..1)."""
+        samples = self._usage.setdefault(replica, deque())
+        samples.append((now, usage))
+        while samples[0][0] < now - self.config.window_seconds:
+            samples.popleft()
+
     def forget(self, replica: str) -> None:
         """A replica left the fleet."""
         self._windows.pop(replica, None)
+        self._usage.pop(replica, None)
+
+    def mean_usage(self, replicas: list[str], now: float) -> float | None:
+        """The mean over ``replicas`` of each one's KV usage averaged over the window; None: none scraped in it."""
+        means = []
+        for name in replicas:
+            samples = [u for t, u in self._usage.get(name, ()) if t >= now - self.config.window_seconds]
+            if samples:
+                means.append(sum(samples) / len(samples))
+        return sum(means) / len(means) if means else None
 
     def rate(self, replica: str, now: float) -> float:
         """The replica's evicted re-prefill tokens per second over the window (0 before any turn returned)."""
@@ -121,6 +146,8 @@ class EvictionBudget:
             return False
         self._last_step = now
         mean = sum(self.rate(name, now) for name in replicas) / len(replicas)
+        usage = self.mean_usage(replicas, now)
+        idle = mean > 0.0 and usage is not None and usage < cfg.idle_usage
         if mean > cfg.reprefill_tokens_per_s and self.scale > 1.0:
             self.scale = max(1.0, self.scale / cfg.step_factor)
             self.falls += 1
@@ -128,7 +155,8 @@ class EvictionBudget:
             waiting
             and mean < cfg.grow_below * cfg.reprefill_tokens_per_s
             and self.scale < cfg.max_scale
-            and now - max(self._last_move, self._since) >= cfg.window_seconds
+            and now - self._since >= cfg.window_seconds
+            and now - self._last_move >= (cfg.step_seconds if idle else cfg.window_seconds)
         ):
             self.scale = min(cfg.max_scale, self.scale * cfg.step_factor)
             self.rises += 1

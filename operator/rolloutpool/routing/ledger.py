@@ -489,7 +489,9 @@ class Ledger:
     def observe_scrape(
         self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
     ) -> None:
-        """A scrape's pressure signals, fed to the replica's fast quarantine."""
+        """A scrape's pressure signals, fed to the replica's fast quarantine (KV usage also to the eviction budget)."""
+        if self.budget is not None and kv_usage is not None:
+            self.budget.observe_usage(name, now=now, usage=kv_usage)
         pressure = self.limits[name].pressure
         if pressure is None:
             return
