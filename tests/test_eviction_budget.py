@@ -111,7 +111,8 @@ def test_a_faster_engine_takes_a_scaled_budget_and_bad_settings_are_refused() ->
     assert scaled.reprefill_tokens_per_s == 20_000.0
     assert scaled.window_seconds == 6.0
     assert scaled.step_seconds == 1.0
-    for bad in ({"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0}):
+    bads = ({"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0})
+    for bad in (*bads, {"idle_usage": -0.1}, {"idle_usage": 1.5}):
         with pytest.raises(ValueError, match="eviction budget"):
             EvictionBudgetConfig(**bad)  # type: ignore[arg-type]
 

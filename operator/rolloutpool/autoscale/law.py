@@ -154,7 +154,7 @@ class LawParams:
     prefill and serves the most; the window means there were 0.16-0.22 at the median). Then the slow start climbs by
     ``idle_eviction_factor`` every ``idle_eviction_cooldown_seconds`` and early eviction does not stop it
     (``warning_fraction``). Where contexts are long the cache runs fuller before anything is evicted (the H100
-    fleet's 3x points: medians 0.47-0.65), so the fast climb stays out of the storms it would overshoot into; the
+    fleet's 3x-4x points: medians 0.47-0.65), so the fast climb stays out of the storms it would overshoot into; the
     lowest means there (0.23-0.27, ``bimodal``) come close to this mark."""
     idle_eviction_factor: float = 1.15
     idle_eviction_cooldown_seconds: float = 15.0
@@ -292,8 +292,7 @@ def decide_replica(
     the slow start climbs faster, ``idle_eviction_usage``). Inside the band it holds. A cap
     changes at most once per cooldown, except that a cut never waits for a raise's cooldown;
     a cut waits ``settle_seconds`` after the previous cut, and while live sessions still
-    exceed the cap. Without signals the replica falls back
-    to the floor, unquarantined.
+    exceed the cap. Without signals the replica falls back to the floor, unquarantined.
     """
     if previous is None or previous.cap is None:
         previous = ReplicaControl(cap=initial_cap(params))

@@ -69,6 +69,8 @@ class EvictionBudgetConfig:
             raise ValueError("eviction budget: reprefill_tokens_per_s and window_seconds must be positive")
         if not (0 < self.grow_below <= 1 and self.step_factor > 1 and self.max_scale >= 1):
             raise ValueError("eviction budget: grow_below in (0, 1], step_factor > 1 and max_scale >= 1")
+        if not 0 <= self.idle_usage <= 1:
+            raise ValueError("eviction budget: idle_usage in [0, 1]")
 
     @property
     def step_seconds(self) -> float:
