@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -21,6 +21,7 @@ from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUT
 from rolloutpool.sim.workload import SCENARIOS, scenario
 
 if TYPE_CHECKING:
+    from rolloutpool.dev.bench.runner import BenchConfig
     from rolloutpool.dev.bench.sweep import SweepResult
 
 __all__ = ["bench_command"]
@@ -98,6 +99,25 @@ def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
     click.echo("\n".join(median_markdown(rows)))
     written = write_combined_outputs(rows, [str(p) for p in paths], out_dir)
     click.echo("Wrote " + ", ".join(map(str, written)))
+
+
+def _simulate(
+    configs: list[tuple[str, float, BenchConfig]], command: str, out_dir: Path, progress: Callable[[str], None]
+) -> None:
+    """``--simulate``: each point's simulated runs, printed and written to ``out_dir/simulated.md``."""
+    from rolloutpool.dev.bench.simulated import simulate_bench, simulated_table  # noqa: PLC0415
+
+    sections = [f"# bench --simulate\n\n```\n{command}\n```"]
+    for name, load, config in configs:
+        runs, missing = simulate_bench(config, config.routers, progress)
+        title = f"## {name} {load:g}x: {config.resolved_in_flight} in flight, seed {config.seed}"
+        note = f"\n\nNot modelled by the simulator: {', '.join(missing)}." if missing else ""
+        sections.append(f"{title}\n\n{simulated_table(runs)}{note}")
+        click.echo(f"{title}\n{simulated_table(runs)}{note}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "simulated.md"
+    path.write_text("\n\n".join(sections) + "\n")
+    click.echo(f"Wrote {path}")
 
 
 @click.command("bench")
@@ -184,6 +204,12 @@ def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
     help="Run nothing: the medians of earlier multi-point runs' bench.json files (repeatable), written to --out.",
 )
 @click.option(
+    "--simulate",
+    is_flag=True,
+    help="Run no process: the simulator on the same fleet, workload, window (--duration x --time-scale) and seed, "
+    "for each --router it models (sticky least-loaded always, as the baseline), written to --out/simulated.md.",
+)
+@click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("out/bench"), show_default=True
 )
 def bench_command(  # noqa: PLR0917 - click passes every option as a positional parameter
@@ -211,6 +237,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     overhead_only: bool,
     wrk_duration: float,
     combine: tuple[Path, ...],
+    simulate: bool,
     out_dir: Path,
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
@@ -229,7 +256,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
         return
     if (kv_capacity_tokens // 16 - 1) * 16 < max_model_len:
         raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
-    if any(r in VLLM_ROUTERS for r in chosen):
+    if any(r in VLLM_ROUTERS for r in chosen) and not simulate:
         vllm_router_bin = _find_vllm_router(vllm_router_bin)
     scenarios = scenario_names or ("agentic-grpo",)
     points = [(name, load) for name in dict.fromkeys(scenarios) for load in dict.fromkeys(loads or (2.0,))]
@@ -272,6 +299,9 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}")
 
     command = shlex.join(["rolloutpool", *sys.argv[1:]])
+    if simulate:
+        _simulate(configs, command, out_dir, progress)
+        return
     with _processes_stopped_on_exit():
         if len(configs) == 1:
             result = run_bench(configs[0][2], progress)

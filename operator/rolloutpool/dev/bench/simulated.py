@@ -1,0 +1,101 @@
+"""``rolloutpool bench --simulate``: the simulator on a bench run's own fleet, workload, window and seed.
+
+A real-process figure means most beside what the simulator says of the same point: where they
+agree the processes, HTTP and the engines' clocks reproduce the model, and where they part one
+of them is wrong. This runs :func:`rolloutpool.sim.fleet.simulate_policy` on a
+:class:`~rolloutpool.sim.config.FleetConfig` built from the :class:`~rolloutpool.dev.bench.runner.BenchConfig`
+(replicas, KV blocks, in-flight count, simulated window = wall window x time scale, seed,
+residency and headroom), for every router that has a simulated policy, sticky least-loaded always
+among them as the baseline. vllm-router's program scheduling, cache-aware and power-of-two have no
+model in the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rolloutpool.dev.bench.peers import ADAPTIVE, OURS
+from rolloutpool.dev.bench.runner import BenchConfig
+from rolloutpool.sim.config import FleetConfig
+from rolloutpool.sim.fleet import simulate_policy
+
+__all__ = ["SIMULATED_POLICIES", "SimulatedRun", "fleet_config", "simulate_bench", "simulated_table"]
+
+BASELINE = "vllm-sticky-least-loaded"
+SIMULATED_POLICIES: dict[str, str] = {
+    OURS: "rolloutpool",
+    ADAPTIVE: "rolloutpool-adaptive",
+    BASELINE: "sticky-least-loaded",
+    "vllm-consistent-hash": "consistent-hash",
+    "vllm-round-robin": "round-robin",
+}
+"""Bench router -> the simulator's policy that models it (the others have none)."""
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """One router's simulated figures."""
+
+    router: str
+    policy: str
+    tokens_per_s: float
+    vs_baseline: float
+    evicted_share: float
+    """Evicted re-prefill over prefilled tokens."""
+    completed: int
+
+
+def fleet_config(config: BenchConfig) -> FleetConfig:
+    """The simulated fleet of a bench run (pure)."""
+    return FleetConfig(
+        scenario=config.scenario,
+        in_flight=config.resolved_in_flight,
+        replicas=config.replicas,
+        num_gpu_blocks=config.kv_capacity_tokens // 16,
+        duration_s=config.duration_s * config.time_scale,
+        seed=config.seed,
+        expected_residency=config.residency,
+        headroom=config.headroom,
+    )
+
+
+def simulate_bench(
+    config: BenchConfig, routers: Sequence[str], progress: Callable[[str], None] | None = None
+) -> tuple[list[SimulatedRun], list[str]]:
+    """Each of ``routers`` that has a simulated policy (the baseline first), and the names of those that have none."""
+    fleet = fleet_config(config)
+    chosen = [BASELINE, *(r for r in dict.fromkeys(routers) if r in SIMULATED_POLICIES and r != BASELINE)]
+    missing = [r for r in dict.fromkeys(routers) if r not in SIMULATED_POLICIES]
+    results = []
+    for router in chosen:
+        if progress is not None:
+            progress(f"simulating {router} ({fleet.in_flight} in flight, {fleet.duration_s:.0f} simulated s)")
+        results.append((router, simulate_policy(fleet, SIMULATED_POLICIES[router])))
+    base = results[0][1].tokens_per_s
+    runs = [
+        SimulatedRun(
+            router=router,
+            policy=SIMULATED_POLICIES[router],
+            tokens_per_s=r.tokens_per_s,
+            vs_baseline=r.tokens_per_s / base if base > 0 else 0.0,
+            evicted_share=r.evicted_reprefill_tokens / r.prefilled_tokens if r.prefilled_tokens else 0.0,
+            completed=r.completed,
+        )
+        for router, r in results
+    ]
+    return runs, missing
+
+
+def simulated_table(runs: Sequence[SimulatedRun]) -> str:
+    """Markdown rows of :func:`simulate_bench` (pure)."""
+    lines = [
+        f"| router | simulated policy | gen tok/s | / {BASELINE} | evicted % | completed |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    lines += [
+        f"| {r.router} | {r.policy} | {r.tokens_per_s:,.0f} | {r.vs_baseline:.3f} | {100 * r.evicted_share:.1f} "
+        f"| {r.completed} |"
+        for r in runs
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""``rolloutpool bench --simulate``: the simulator on a bench run's fleet, and the command around it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rolloutpool.cli.bench import bench_command
+from rolloutpool.dev.bench.runner import BenchConfig, scaled_scenario
+from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
+from rolloutpool.sim.workload import scenario
+
+
+def _config(**kw: object) -> BenchConfig:
+    base = scaled_scenario(scenario("agentic-grpo"), context_scale=0.25, max_model_len=8192)
+    return BenchConfig(scenario=base, routers=(), **kw)  # type: ignore[arg-type]
+
+
+def test_the_simulated_fleet_is_the_bench_fleet() -> None:
+    config = _config(replicas=3, kv_capacity_tokens=32768, time_scale=4.0, duration_s=30.0, load=2.0, seed=7)
+    fleet = fleet_config(config)
+    assert fleet.replicas == 3
+    assert fleet.num_gpu_blocks == 2048
+    assert fleet.in_flight == 2 * 3 * (32768 // 8192) == config.resolved_in_flight
+    assert fleet.duration_s == 120.0  # the wall window times the time scale
+    assert fleet.seed == 7
+    assert fleet.scenario is config.scenario
+    assert (fleet.expected_residency, fleet.headroom) == (config.residency, config.headroom)
+
+
+def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> None:
+    config = _config(time_scale=4.0, duration_s=20.0, load=1.0)
+    runs, missing = simulate_bench(config, ["rolloutpool", "vllm-program", "vllm-cache-aware"])
+    assert [r.router for r in runs] == ["vllm-sticky-least-loaded", "rolloutpool"]
+    assert missing == ["vllm-program", "vllm-cache-aware"]
+    assert runs[0].vs_baseline == 1.0
+    assert all(r.tokens_per_s > 0 and r.completed >= 0 for r in runs)
+    assert runs[1].vs_baseline == runs[1].tokens_per_s / runs[0].tokens_per_s
+
+
+def test_bench_simulate_starts_no_process_and_writes_the_table(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        bench_command,
+        [
+            "--simulate", "--load", "1", "--duration", "20", "--router", "rolloutpool-adaptive",
+            "--router", "vllm-program", "--vllm-router-bin", str(tmp_path / "absent"), "--out", str(tmp_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "simulated.md").read_text()
+    assert "## agentic-grpo 1x: 32 in flight, seed 0" in text
+    assert "| rolloutpool-adaptive | rolloutpool-adaptive |" in text
+    assert "| vllm-sticky-least-loaded | sticky-least-loaded |" in text
+    assert "Not modelled by the simulator: vllm-program." in text
+    assert not (tmp_path / "bench.json").exists()
