@@ -202,3 +202,21 @@ def test_under_a_budget_eviction_within_it_is_no_quarantine() -> None:
 
     assert evict_one_context(_ledger(quarantine=QuarantineConfig()))  # the projection alone: pressure
     assert not evict_one_context(_ledger(quarantine=QuarantineConfig(), budget=EvictionBudgetConfig()))
+
+
+def test_the_ledger_feeds_scraped_kv_usage_to_the_budget_except_just_after_a_flush() -> None:
+    ledger = _ledger(budget=EvictionBudgetConfig(window_seconds=2 * WINDOW))  # outlasts the 60 s grace
+    ledger.add_replica("b", now=0.0, capacity_tokens=CAPACITY)
+    assert ledger.budget is not None
+    ledger.observe_scrape("a", now=1.0, preemptions_total=0.0, waiting=0.0, kv_usage=0.6)
+    ledger.observe_scrape("b", now=1.0, preemptions_total=0.0, waiting=0.0, kv_usage=0.2)
+    assert ledger.budget.mean_usage(["a", "b"], 1.0) == pytest.approx(0.4)
+    # a weight update flushed b: a drained, reloaded engine reads empty, which says nothing about idle prefixes
+    ledger.weights.flushed("b", now=2.0)
+    ledger.observe_scrape("b", now=3.0, preemptions_total=0.0, waiting=0.0, kv_usage=0.0)
+    assert ledger.budget.mean_usage(["b"], 3.0) == pytest.approx(0.2)
+    later = 2.0 + ledger.weights.config.grace_s
+    ledger.observe_scrape("b", now=later, preemptions_total=0.0, waiting=0.0, kv_usage=0.0)
+    assert ledger.budget.mean_usage(["b"], later) == pytest.approx(0.1)
+    ledger.observe_scrape("a", now=later, preemptions_total=0.0, waiting=0.0, kv_usage=None)  # no gauge: nothing
+    assert ledger.budget.mean_usage(["a"], later) == pytest.approx(0.6)

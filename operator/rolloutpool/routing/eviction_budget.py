@@ -20,7 +20,8 @@ at most every sixth of ``window_seconds``:
   rises by ``step_factor`` (up to ``max_scale``), at most once per window; once per step while the
   eviction is of idle prefixes (some measured, and the engines' KV usage averaged under ``idle_usage``
   over the window: the running sessions hold a quarter of the cache, the rest is prefixes of sessions
-  in their tool calls), the same mark as the control law's (``LawParams.idle_eviction_usage``);
+  in their tool calls), the same mark as the control law's (``LawParams.idle_eviction_usage``; the
+  ledger feeds it the scraped usage, except within a weight update's grace after a flush);
 - otherwise it holds.
 
 One factor for the fleet, applied to each replica's own KV tokens, keeps the replicas balanced (a

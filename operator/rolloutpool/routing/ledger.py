@@ -490,7 +490,8 @@ class Ledger:
         self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
     ) -> None:
         """A scrape's pressure signals, fed to the replica's fast quarantine (KV usage also to the eviction budget)."""
-        if self.budget is not None and kv_usage is not None:
+        # a drained, flushed and reloaded engine reads empty: no sign of idle prefixes (eviction_budget.py)
+        if self.budget is not None and kv_usage is not None and not self.weights.in_grace(name, now=now):
             self.budget.observe_usage(name, now=now, usage=kv_usage)
         pressure = self.limits[name].pressure
         if pressure is None:
