@@ -112,8 +112,9 @@ def _simulate(
         runs, missing = simulate_bench(config, config.routers, progress)
         title = f"## {name} {load:g}x: {config.resolved_in_flight} in flight, seed {config.seed}"
         note = f"\n\nNot modelled by the simulator: {', '.join(missing)}." if missing else ""
-        sections.append(f"{title}\n\n{simulated_table(runs)}{note}")
-        click.echo(f"{title}\n{simulated_table(runs)}{note}")
+        table = simulated_table(runs)
+        sections.append(f"{title}\n\n{table}{note}")
+        click.echo(f"{title}\n{table}{note}")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "simulated.md"
     path.write_text("\n\n".join(sections) + "\n")

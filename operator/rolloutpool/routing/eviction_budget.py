@@ -112,10 +112,15 @@ class EvictionBudget:
 
     def observe_usage(self, replica: str, *, now: float, usage: float) -> None:
         """A scrape of the replica's KV usage (0..1)."""
-        samples = self._usage.setdefault(replica, deque())
-        samples.append((now, usage))
-        while samples[0][0] < now - self.config.window_seconds:
+        self._usage.setdefault(replica, deque()).append((now, usage))
+        self._usage_within(replica, now)
+
+    def _usage_within(self, replica: str, now: float) -> deque[tuple[float, float]]:
+        """The replica's usage samples within the window that ends at ``now`` (older ones forgotten)."""
+        samples = self._usage.get(replica, deque())
+        while samples and samples[0][0] < now - self.config.window_seconds:
             samples.popleft()
+        return samples
 
     def forget(self, replica: str) -> None:
         """A replica left the fleet."""
@@ -126,9 +131,9 @@ class EvictionBudget:
         """The mean over ``replicas`` of each one's KV usage averaged over the window; None: none scraped in it."""
         means = []
         for name in replicas:
-            samples = [u for t, u in self._usage.get(name, ()) if t >= now - self.config.window_seconds]
+            samples = self._usage_within(name, now)
             if samples:
-                means.append(sum(samples) / len(samples))
+                means.append(sum(u for _, u in samples) / len(samples))
         return sum(means) / len(means) if means else None
 
     def rate(self, replica: str, now: float) -> float:

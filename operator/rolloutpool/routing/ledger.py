@@ -490,14 +490,15 @@ class Ledger:
         self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
     ) -> None:
         """A scrape's pressure signals, fed to the replica's fast quarantine (KV usage also to the eviction budget)."""
+        grace = self.weights.in_grace(name, now=now)  # the burst of re-prefills after a weight update
         # a drained, flushed and reloaded engine reads empty: no sign of idle prefixes (eviction_budget.py)
-        if self.budget is not None and kv_usage is not None and not self.weights.in_grace(name, now=now):
+        if self.budget is not None and kv_usage is not None and not grace:
             self.budget.observe_usage(name, now=now, usage=kv_usage)
         pressure = self.limits[name].pressure
         if pressure is None:
             return
         before = pressure.quarantines
-        if self.weights.in_grace(name, now=now):  # the burst of re-prefills after a weight update
+        if grace:
             observe_scrape_excused(pressure, now=now, preemptions_total=preemptions_total)
         else:
             pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
 from rolloutpool.dev.bench.peers import ADAPTIVE, OURS
 from rolloutpool.dev.bench.runner import BenchConfig
 from rolloutpool.sim.config import FleetConfig
@@ -52,7 +53,7 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         scenario=config.scenario,
         in_flight=config.resolved_in_flight,
         replicas=config.replicas,
-        num_gpu_blocks=config.kv_capacity_tokens // 16,
+        num_gpu_blocks=config.kv_capacity_tokens // DEFAULT_BLOCK_SIZE,  # as engine-sim --kv-capacity-tokens
         duration_s=config.duration_s * config.time_scale,
         seed=config.seed,
         expected_residency=config.residency,
