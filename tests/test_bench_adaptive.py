@@ -113,7 +113,7 @@ def test_the_bench_pool_is_the_operators_law_with_the_residency_start() -> None:
     )
     law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
     assert law.interval_s == 15.0
-    assert law.window_s == 30.0
+    assert law.window_s == 120.0  # the law's two minutes of engine time: the simulated seconds the bench steps in
     start = law.start(now=0.0)
     assert {c.cap for c in start.values()} == {params.initial}
     assert [c.replica for c in law.changes] == ["r0", "r1"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import ReplicaStatus, RolloutPoolStatus
-from rolloutpool.autoscale import ReplicaControl, ReplicaSignals
+from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl, ReplicaSignals
 from rolloutpool.handlers.context import PoolMemory
 from rolloutpool.handlers.control import read_metrics
 from rolloutpool.metrics.prom import PrometheusUnreachable
@@ -24,6 +24,7 @@ from rolloutpool.reconcile.control import (
     ControlStep,
     metrics_due,
     remember_read,
+    spec_window_seconds,
     stale_after_seconds,
     step_controls,
     window_seconds,
@@ -87,8 +88,8 @@ async def _step(
     memo = memory.recall().control
     url = metrics_due(spec=spec, replicas=replicas, memo=memo, clock=clock)
     if url is not None:
-        interval = float(spec.autoscaling.interval_seconds)
-        read = await read_metrics(lambda _url: reader, url, namespace="ns", replicas=replicas, interval=interval)
+        window = spec_window_seconds(spec)
+        read = await read_metrics(lambda _url: reader, url, namespace="ns", replicas=replicas, window_seconds=window)
         memo = remember_read(spec=spec, read=read, now=now, clock=clock, queued_sessions=queued_sessions)
         memory.keep_control(memo)
     return step_controls(
@@ -113,7 +114,7 @@ async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_th
         now=NOW,
     )
     assert first.controls == expected  # the law saw the signals read
-    assert reader.reads == [("ns", tuple(NAMES), window_seconds(15))]
+    assert reader.reads == [("ns", tuple(NAMES), 120.0)]  # the law's two minutes at the default 15 s interval
 
     previous = RolloutPoolStatus(
         replica_status=[
@@ -190,10 +191,22 @@ async def test_pressure_reaches_the_law_with_the_previous_caps() -> None:
     assert not step.controls["p-engine-1"].quarantined
 
 
-def test_windows_and_staleness_grow_with_the_interval() -> None:
-    assert window_seconds(5) == 30.0
-    assert window_seconds(60) == 120.0
+def test_windows_are_the_laws_engine_time_and_grow_with_the_interval() -> None:
+    assert window_seconds(5) == window_seconds(15) == RATE_WINDOW_SECONDS == 120.0  # the window the law was tuned on
+    assert window_seconds(90) == 180.0  # two intervals at least
+    assert window_seconds(5, time_scale=2.0) == 60.0  # engines twice as fast: the same engine seconds in half the time
+    assert window_seconds(5, time_scale=10.0) == 30.0  # never under two default scrapes
+    assert window_seconds(20, time_scale=10.0) == 40.0
     assert stale_after_seconds(15) == 60.0
+
+
+def test_a_pools_window_follows_its_simulated_engines_time_scale() -> None:
+    spec = _spec()
+    assert spec_window_seconds(spec) == 120.0
+    simulated = spec.model_copy(
+        update={"engine": spec.engine.model_copy(update={"simulator": SimulatorSpec(time_scale=4.0)})}
+    )
+    assert spec_window_seconds(simulated) == 30.0
 
 
 def test_router_urls_skip_pods_without_ip_or_being_deleted() -> None:

@@ -109,7 +109,8 @@ def test_the_slow_loop_asks_for_a_read_when_due_and_decides_from_it() -> None:
     observed = _observed(pool, pods=pods)
     query = metrics_query(observed, now=NOW)
     assert query is not None
-    assert (query.url, query.replicas, query.interval_seconds) == ("http://prom:9090", ("p-engine-0", "p-engine-1"), 15)
+    assert (query.url, query.replicas) == ("http://prom:9090", ("p-engine-0", "p-engine-1"))
+    assert query.window_seconds == 120.0  # the law's window of engine time: real engines, a 15 s interval
     signals = {n: ReplicaSignals(kv_usage=0.3, kv_capacity_tokens=400000, sampled_at=NOW - 1) for n in query.replicas}
     decision = decide(replace(observed, metrics=MetricsRead(signals)), now=NOW)
     assert decision.read_metrics

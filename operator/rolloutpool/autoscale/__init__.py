@@ -1,6 +1,7 @@
 """Adaptive concurrency: the pure control law shared by the operator and the simulator."""
 
 from rolloutpool.autoscale.law import (
+    RATE_WINDOW_SECONDS,
     HealthReason,
     LawParams,
     MetricsHealth,
@@ -14,6 +15,7 @@ from rolloutpool.autoscale.law import (
 )
 
 __all__ = [
+    "RATE_WINDOW_SECONDS",
     "HealthReason",
     "LawParams",
     "MetricsHealth",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Final, Literal
 
-from rolloutpool.routing.eviction_budget import REPREFILL_BUDGET_TOKENS_PER_S
+from rolloutpool.routing.eviction_budget import IDLE_PREFIX_USAGE, REPREFILL_BUDGET_TOKENS_PER_S
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
 from rolloutpool.routing.weights import law_holds
 
 __all__ = [
+    "RATE_WINDOW_SECONDS",
     "HealthReason",
     "LawParams",
     "MetricsHealth",
@@ -27,6 +28,11 @@ __all__ = [
     "initial_cap",
     "pressure_reason",
 ]
+
+RATE_WINDOW_SECONDS: Final = 120.0
+"""Engine seconds over which the law's rates and means are taken (``rate(...[2m])``): long enough that one evicted
+session is no storm. The operator's queries take it over the engines' time scale
+(:func:`rolloutpool.reconcile.control.window_seconds`), the simulator and the bench in engine time."""
 
 HealthReason = Literal[
     "MetricsAvailable", "AutoscalingDisabled", "PrometheusUnreachable", "MetricsMissing", "MetricsStale"
@@ -115,8 +121,8 @@ class LawParams:
     """Waiting requests above which a replica is under pressure..."""
     queue_kv_usage: float = 0.9
     """...while its KV usage is at least this (when known): a queue with free KV blocks is not KV pressure."""
-    rate_window_seconds: float = 120.0
-    """Window of the rates the law expects (``rate(...[2m])``): long enough that one evicted session is no storm."""
+    rate_window_seconds: float = RATE_WINDOW_SECONDS
+    """Window of the rates the law expects (:data:`RATE_WINDOW_SECONDS`, engine seconds)."""
     slow_start_factor: float = 1.05
     """Before any pressure was seen, raises are multiplicative by this factor (at least ``increase_step``) while KV
     usage is under ``slow_start_near_usage``. Gentle, because eviction shows minutes after the cap that caused it
@@ -146,7 +152,7 @@ class LawParams:
     itself stops new sessions until enough finish; the rate window outlasts the pressure by minutes)."""
     warning_fraction: float = 0.25
     """Eviction at this fraction of a pressure threshold stops the additive climb (probes only from there)."""
-    idle_eviction_usage: float = 0.25
+    idle_eviction_usage: float = IDLE_PREFIX_USAGE
     """Before any limit was learned, eviction measured under its threshold while the KV usage averaged under this over
     the rate window (``ReplicaSignals.kv_usage_mean``) is eviction of idle prefixes: the cache is oversubscribed by
     sessions in their tool calls, while the running ones hold a quarter of it. A re-prefill then lands on an engine

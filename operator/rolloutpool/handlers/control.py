@@ -11,19 +11,24 @@ from collections.abc import Callable, Sequence
 
 from rolloutpool.handlers.context import SignalsReader
 from rolloutpool.metrics.prom import PrometheusUnreachable
-from rolloutpool.reconcile.control import MetricsRead, window_seconds
+from rolloutpool.reconcile.control import MetricsRead
 
 __all__ = ["read_metrics"]
 
 
 async def read_metrics(
-    prometheus: Callable[[str], SignalsReader], url: str, *, namespace: str, replicas: Sequence[str], interval: float
+    prometheus: Callable[[str], SignalsReader],
+    url: str,
+    *,
+    namespace: str,
+    replicas: Sequence[str],
+    window_seconds: float,
 ) -> MetricsRead:
-    """One Prometheus read for the slow loop; a failure becomes the read's error."""
+    """One Prometheus read for the slow loop, its rates over ``window_seconds``; a failure becomes the read's error."""
     try:
         reader = prometheus(url)
         signals = await asyncio.to_thread(
-            reader.read, namespace=namespace, replicas=replicas, window_seconds=window_seconds(interval)
+            reader.read, namespace=namespace, replicas=replicas, window_seconds=window_seconds
         )
     except (PrometheusUnreachable, ValueError) as exc:
         return MetricsRead({}, str(exc) or type(exc).__name__)

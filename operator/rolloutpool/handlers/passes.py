@@ -66,7 +66,7 @@ async def observe(context: OperatorContext, memory: PoolMemory, pool: dict[str, 
     if query is None:
         return observed
     read = await read_metrics(
-        context.prometheus, query.url, namespace=namespace, replicas=query.replicas, interval=query.interval_seconds
+        context.prometheus, query.url, namespace=namespace, replicas=query.replicas, window_seconds=query.window_seconds
     )
     return dataclasses.replace(observed, metrics=read)
 

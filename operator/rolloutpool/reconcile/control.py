@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import RolloutPoolStatus
-from rolloutpool.autoscale import MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
+from rolloutpool.autoscale import RATE_WINDOW_SECONDS, MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
 from rolloutpool.reconcile.caps import controls_from_status, plan_controls
 
 __all__ = [
@@ -24,10 +24,14 @@ __all__ = [
     "MetricsRead",
     "metrics_due",
     "remember_read",
+    "spec_window_seconds",
     "stale_after_seconds",
     "step_controls",
     "window_seconds",
 ]
+
+MIN_WINDOW_SECONDS = 30.0
+"""The shortest rate window: two scrapes at Prometheus' default interval."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,21 @@ class ControlStep:
     """Seconds until the next step is due; None without autoscaling."""
 
 
-def window_seconds(interval: float) -> float:
-    """Rate window of the PromQL queries: two intervals, at least 30 s (two default scrapes) (pure)."""
-    return max(2.0 * interval, 30.0)
+def window_seconds(interval: float, *, time_scale: float = 1.0) -> float:
+    """Rate window of the PromQL queries, in the caller's seconds (pure).
+
+    The law's :data:`~rolloutpool.autoscale.RATE_WINDOW_SECONDS` of engine time (so over ``time_scale`` wall
+    seconds for simulated engines that run faster), at least two intervals and :data:`MIN_WINDOW_SECONDS`. The
+    simulator takes its rates over the same engine seconds, so its figures are the operator's.
+    """
+    return max(2.0 * interval, RATE_WINDOW_SECONDS / time_scale, MIN_WINDOW_SECONDS)
+
+
+def spec_window_seconds(spec: RolloutPoolSpec) -> float:
+    """:func:`window_seconds` of a pool: its ``autoscaling.intervalSeconds`` and its simulated engines' time scale."""
+    simulator = spec.engine.simulator
+    time_scale = simulator.time_scale if simulator is not None else 1.0
+    return window_seconds(float(spec.autoscaling.interval_seconds), time_scale=time_scale)
 
 
 def stale_after_seconds(interval: float) -> float:

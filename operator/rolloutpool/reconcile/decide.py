@@ -27,7 +27,14 @@ from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.autoscale import MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
 from rolloutpool.reconcile.caps import controls_from_status, parse_spec
 from rolloutpool.reconcile.children import desired_engine_pods, needs_update, router_objects
-from rolloutpool.reconcile.control import ControlMemo, MetricsRead, metrics_due, remember_read, step_controls
+from rolloutpool.reconcile.control import (
+    ControlMemo,
+    MetricsRead,
+    metrics_due,
+    remember_read,
+    spec_window_seconds,
+    step_controls,
+)
 from rolloutpool.reconcile.engines import EnginePlan, plan_engines
 from rolloutpool.reconcile.labels import ROUTER_PORT, draining_from_pods
 from rolloutpool.reconcile.status import build_status, events_between
@@ -240,7 +247,8 @@ class MetricsQuery:
 
     url: str
     replicas: tuple[str, ...]
-    interval_seconds: float
+    window_seconds: float
+    """The rate window of its queries (:func:`~rolloutpool.reconcile.control.spec_window_seconds`)."""
 
 
 def metrics_query(observed: Observed, *, now: float) -> MetricsQuery | None:
@@ -251,7 +259,7 @@ def metrics_query(observed: Observed, *, now: float) -> MetricsQuery | None:
     url = metrics_due(spec=planned.spec, replicas=planned.replicas, memo=observed.recall.control, clock=observed.clock)
     if url is None:
         return None
-    return MetricsQuery(url, tuple(planned.replicas), float(planned.spec.autoscaling.interval_seconds))
+    return MetricsQuery(url, tuple(planned.replicas), spec_window_seconds(planned.spec))
 
 
 def _router_due(observed: Observed, objects: Sequence[dict[str, Any]], generation: int | None) -> bool:

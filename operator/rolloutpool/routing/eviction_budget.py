@@ -41,11 +41,17 @@ from dataclasses import dataclass, replace
 
 from rolloutpool.routing.window import WindowSum
 
-__all__ = ["REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
+__all__ = ["IDLE_PREFIX_USAGE", "REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
 
 REPREFILL_BUDGET_TOKENS_PER_S = 2000.0
 """Evicted re-prefill of live sessions (tokens/s per replica) above which eviction is pressure: the router's
 budget and the control law's threshold (``LawParams.reprefill_tokens_per_s``)."""
+
+IDLE_PREFIX_USAGE = 0.25
+"""KV usage, averaged over a window, under which measured eviction is of idle prefixes: the running sessions hold a
+quarter of the cache, the rest is prefixes of sessions in their tool calls. The router's budget
+(``EvictionBudgetConfig.idle_usage``, the fleet's mean) and the control law (``LawParams.idle_eviction_usage``, each
+replica's) use the same mark."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class EvictionBudgetConfig:
     """The factor rises while the mean rate is under this share of the budget (and sessions wait)."""
     step_factor: float = 1.1
     max_scale: float = 8.0
-    idle_usage: float = 0.25
+    idle_usage: float = IDLE_PREFIX_USAGE
     """KV usage (the fleet's mean over the window) under which measured eviction is of idle prefixes: the factor may
     rise every step instead of every window. 0 turns that off."""
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica, initial_cap
 from rolloutpool.capacity import conservative_cap, oversubscribed_cap
 from rolloutpool.engine.model.core import Engine
+from rolloutpool.reconcile.control import window_seconds
 from rolloutpool.sim.config import FleetConfig
 
 __all__ = ["AdaptiveCaps", "ControlPoint"]
@@ -67,7 +68,8 @@ class AdaptiveCaps:
         """The law of a simulated fleet: ``config.law``, else the operator's defaults for this fleet.
 
         Those are: floor = KV capacity // maxModelLen, ceiling = ``max_num_seqs``, start at the cap the
-        spec's ``expectedResidency`` and ``headroom`` give (the operator's ``law_params``); nothing else.
+        spec's ``expectedResidency`` and ``headroom`` give (the operator's ``law_params``), rates and means over the
+        operator's window for ``config.control_interval_s``; nothing else.
         """
         max_len = config.scenario.max_model_len
         floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=max_len)
@@ -79,7 +81,8 @@ class AdaptiveCaps:
             headroom=config.headroom,
             ceiling=ceiling,
         )
-        params = config.law or LawParams(floor=floor, ceiling=ceiling, initial=initial)
+        window = window_seconds(config.control_interval_s)  # the operator's rate window (engine seconds)
+        params = config.law or LawParams(floor=floor, ceiling=ceiling, initial=initial, rate_window_seconds=window)
         return cls(names=names, params=params, capacity_tokens=capacity_tokens)
 
     def _signals(

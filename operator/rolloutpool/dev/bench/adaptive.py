@@ -225,7 +225,7 @@ class AdaptiveLaw:
 
     @property
     def window_s(self) -> float:
-        """The rate window of the operator's queries."""
+        """The rate window of the operator's queries, in simulated seconds (the engines' time, as the law's)."""
         return window_seconds(self.interval_s)
 
     def start(self, *, now: float) -> dict[str, ReplicaControl]:
