@@ -169,6 +169,7 @@ def test_eviction_of_idle_prefixes_speeds_the_slow_start_up_instead_of_stopping_
         replace(idle, kv_usage=0.1, kv_usage_mean=0.3),
         replace(idle, kv_usage_mean=None),
         replace(idle, preemptions_per_s=None),
+        replace(idle, weight_updates=1.0),  # a flushed, reloaded engine reads empty: no sign of idle prefixes
     ):
         warned = decide_replica(previous=at(20), signals=signals, params=params, now=100)
         assert (warned.cap, warned.reason, warned.limit) == (20, "Nearing", 21), signals

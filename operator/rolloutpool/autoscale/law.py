@@ -163,6 +163,7 @@ class LawParams:
     fleet's 3x-4x points: medians 0.47-0.65), so the fast climb stays out of the storms it would overshoot into; the
     lowest means there (0.23-0.27, ``bimodal``) come close to this mark."""
     idle_eviction_factor: float = 1.15
+    """The slow start's factor while eviction is of idle prefixes (``idle_eviction_usage``)."""
     idle_eviction_cooldown_seconds: float = 15.0
     """At most ``cooldown_seconds``."""
     settle_seconds: float = 300.0
@@ -369,9 +370,11 @@ def _raise(
 
 def _evicts_idle(signals: ReplicaSignals, params: LawParams) -> bool:
     """Whether the replica evicts idle prefixes only: some re-prefill, under its threshold, no preemption, and the KV
-    usage under ``idle_eviction_usage`` on average over the window (see there; an unknown signal is not idle)."""
+    usage under ``idle_eviction_usage`` on average over the window (see there; an unknown signal is not idle). Not
+    within a window that saw a weight update: a drained, flushed and reloaded engine reads empty, and the update's
+    re-prefill is no eviction (the router's budget leaves those samples out alike)."""
     mean, reprefill, preemptions = signals.kv_usage_mean, signals.reprefill_tokens_per_s, signals.preemptions_per_s
-    if mean is None or reprefill is None or preemptions is None:
+    if mean is None or reprefill is None or preemptions is None or (signals.weight_updates or 0.0) > 0.0:
         return False
     below = reprefill < params.reprefill_tokens_per_s
     return mean < params.idle_eviction_usage and preemptions == 0.0 and reprefill > 0.0 and below
