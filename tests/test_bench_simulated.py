@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli.bench import bench_command
 from rolloutpool.dev.bench.runner import BenchConfig, scaled_scenario
 from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
+from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.workload import scenario
 
 
@@ -27,6 +29,8 @@ def test_the_simulated_fleet_is_the_bench_fleet() -> None:
     assert fleet.seed == 7
     assert fleet.scenario is config.scenario
     assert (fleet.expected_residency, fleet.headroom) == (config.residency, config.headroom)
+    assert fleet.scrape_interval_s == config.scrape_interval_s * 4.0  # the router's scrapes, in simulated seconds
+    assert fleet.start_spread_s == 0.0  # the bench's client starts every trajectory at once
 
 
 def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> None:
@@ -34,9 +38,16 @@ def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> Non
     runs, missing = simulate_bench(config, ["rolloutpool", "vllm-program", "vllm-cache-aware"])
     assert [r.router for r in runs] == ["vllm-sticky-least-loaded", "rolloutpool"]
     assert missing == ["vllm-program", "vllm-cache-aware"]
-    assert runs[0].vs_baseline == 1.0
-    assert all(r.tokens_per_s > 0 and r.completed >= 0 for r in runs)
-    assert runs[1].vs_baseline == runs[1].tokens_per_s / runs[0].tokens_per_s
+    baseline = simulate_policy(fleet_config(config), "sticky-least-loaded")  # deterministic: the same run again
+    assert (runs[0].tokens_per_s, runs[0].completed, runs[0].vs_baseline) == (
+        baseline.tokens_per_s,
+        baseline.completed,
+        1.0,
+    )
+    assert runs[0].evicted_share == baseline.reprefilled_tokens / baseline.prefilled_tokens  # every cause, as the bench
+    ours = simulate_policy(fleet_config(config), "rolloutpool")
+    assert runs[1].tokens_per_s == ours.tokens_per_s > 0
+    assert runs[1].vs_baseline == pytest.approx(ours.tokens_per_s / baseline.tokens_per_s)
 
 
 def test_bench_simulate_starts_no_process_and_writes_the_table(tmp_path: Path) -> None:

@@ -50,18 +50,21 @@ def test_eviction_of_idle_prefixes_lets_the_factor_rise_every_step() -> None:
     budget = _budget()
     step = WINDOW / 6
     budget.observe("a", now=0.0, tokens=0)
-    for t in range(0, 61, 10):  # the running sessions hold a fifth of the cache, on average over the window
+    for t in range(0, 51, 10):  # the running sessions hold a fifth of the cache, on average over the window
         budget.observe_usage("a", now=float(t), usage=0.1 if t % 20 else 0.3)
     budget.observe("a", now=50.0, tokens=12_000)  # some eviction: 200 tokens/s, far under the budget
     assert not budget.step(["a"], now=50.0, waiting=True)  # still not in the first window
+    budget.observe_usage("a", now=60.0, usage=0.3)
     assert budget.step(["a"], now=60.0, waiting=True)
     assert budget.step(["a"], now=60.0 + step, waiting=True)  # a step later, not a window
     assert budget.scale == pytest.approx(1.21)
     # the cache fills (the window's mean passes a quarter): once a window again
-    for t in range(75, 131, 5):
+    for t in range(75, 121, 5):
         budget.observe_usage("a", now=float(t), usage=0.5)
     budget.observe("a", now=100.0, tokens=12_000)
     assert not budget.step(["a"], now=120.0, waiting=True)  # 50 s after the last rise
+    for t in range(125, 131, 5):
+        budget.observe_usage("a", now=float(t), usage=0.5)
     assert budget.step(["a"], now=70.0 + WINDOW, waiting=True)
     assert budget.rises == 3
 

@@ -5,9 +5,13 @@ agree the processes, HTTP and the engines' clocks reproduce the model, and where
 of them is wrong. This runs :func:`rolloutpool.sim.fleet.simulate_policy` on a
 :class:`~rolloutpool.sim.config.FleetConfig` built from the :class:`~rolloutpool.dev.bench.runner.BenchConfig`
 (replicas, KV blocks, in-flight count, simulated window = wall window x time scale, seed,
-residency and headroom), for every router that has a simulated policy, sticky least-loaded always
-among them as the baseline. vllm-router's program scheduling, cache-aware and power-of-two have no
-model in the simulator.
+residency and headroom, the router's scrape interval in simulated seconds, every trajectory started at
+once as the bench's client starts them), for every router that has a simulated policy, sticky
+least-loaded always among them as the baseline. vllm-router's program scheduling, cache-aware and
+power-of-two have no model in the simulator; nor does ``--engine-seed`` (the engine-sims' generated
+ids and fault draws, which the simulator does not model). "Evicted %" is every re-prefill over the
+prefilled tokens, as the bench's client counts it (the shortfall of ``cached_tokens`` against the
+session's previous context, whatever the cause).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class SimulatedRun:
     tokens_per_s: float
     vs_baseline: float
     evicted_share: float
-    """Evicted re-prefill over prefilled tokens."""
+    """Re-prefilled over prefilled tokens (every cause, as the bench's client counts it)."""
     completed: int
 
 
@@ -58,6 +62,8 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         seed=config.seed,
         expected_residency=config.residency,
         headroom=config.headroom,
+        scrape_interval_s=config.scrape_interval_s * config.time_scale,
+        start_spread_s=0.0,
     )
 
 
@@ -80,7 +86,7 @@ def simulate_bench(
             policy=SIMULATED_POLICIES[router],
             tokens_per_s=r.tokens_per_s,
             vs_baseline=r.tokens_per_s / base if base > 0 else 0.0,
-            evicted_share=r.evicted_reprefill_tokens / r.prefilled_tokens if r.prefilled_tokens else 0.0,
+            evicted_share=r.reprefilled_tokens / r.prefilled_tokens if r.prefilled_tokens else 0.0,
             completed=r.completed,
         )
         for router, r in results
