@@ -71,9 +71,10 @@ class ControlStep:
 def window_seconds(interval: float, *, time_scale: float = 1.0) -> float:
     """Rate window of the PromQL queries, in the caller's seconds (pure).
 
-    The law's :data:`~rolloutpool.autoscale.RATE_WINDOW_SECONDS` of engine time (so over ``time_scale`` wall
-    seconds for simulated engines that run faster), at least two intervals and :data:`MIN_WINDOW_SECONDS`. The
-    simulator takes its rates over the same engine seconds, so its figures are the operator's.
+    The law's :data:`~rolloutpool.autoscale.RATE_WINDOW_SECONDS` of engine time (``RATE_WINDOW_SECONDS /
+    time_scale`` wall seconds for simulated engines that run ``time_scale`` times faster than real time), at least
+    two intervals and :data:`MIN_WINDOW_SECONDS`. The simulator takes its rates over the same engine seconds, so its
+    figures are the operator's.
     """
     return max(2.0 * interval, RATE_WINDOW_SECONDS / time_scale, MIN_WINDOW_SECONDS)
 
