@@ -6,7 +6,7 @@ import json
 from collections import deque
 from pathlib import Path
 
-from rolloutpool.autoscale import ReplicaControl
+from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.dev.bench.adaptive import (
     AdaptiveLaw,
@@ -29,6 +29,10 @@ from rolloutpool.dev.bench.sweep_report import (
     write_sweep_outputs,
 )
 from rolloutpool.reconcile.caps import law_params
+from rolloutpool.reconcile.control import spec_window_seconds
+from rolloutpool.sim.adaptive import AdaptiveCaps
+from rolloutpool.sim.config import FleetConfig
+from rolloutpool.sim.workload import scenario
 from routerkit import engines, router
 
 TOKEN = "bench-admin-token"  # noqa: S105 - a test fixture, not a credential
@@ -117,6 +121,19 @@ def test_the_bench_pool_is_the_operators_law_with_the_residency_start() -> None:
     start = law.start(now=0.0)
     assert {c.cap for c in start.values()} == {params.initial}
     assert [c.replica for c in law.changes] == ["r0", "r1"]
+
+
+def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None:
+    """The law's thresholds were tuned on the simulator's window: the operator and the bench must take the same one."""
+    spec = _spec(time_scale=10.0)
+    bench = AdaptiveLaw(spec=spec, names=["r0"])  # type: ignore[arg-type]
+    fleet = FleetConfig(scenario=scenario("agentic-grpo"), in_flight=8, replicas=1, num_gpu_blocks=4096)
+    simulated = AdaptiveCaps.for_fleet(fleet, ["r0"], capacity_tokens=65536)
+    engine_seconds = {bench.window_s, simulated.params.rate_window_seconds}
+    assert engine_seconds == {RATE_WINDOW_SECONDS}
+    real = spec.model_copy(update={"engine": spec.engine.model_copy(update={"simulator": None})})  # type: ignore[attr-defined]
+    assert spec_window_seconds(real) == RATE_WINDOW_SECONDS  # real engines: the same seconds on the wall clock
+    assert spec_window_seconds(_spec(time_scale=2.0)) == RATE_WINDOW_SECONDS / 2.0  # engines twice as fast
 
 
 def test_the_law_raises_a_binding_cap_with_room_and_cuts_on_live_reprefill() -> None:
