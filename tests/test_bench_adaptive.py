@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl
@@ -200,6 +201,9 @@ def test_adaptive_router_gets_the_admin_token_file() -> None:
     )
     argv = our_router_argv(launch, prefix=["rolloutpool"])
     assert argv[argv.index("--admin-token-file") + 1] == "/run/token"
+    assert "--step-floor" not in argv  # none given
+    floored = our_router_argv(replace(launch, step_floor_seconds=0.0095), prefix=["rolloutpool"])
+    assert floored[floored.index("--step-floor") + 1] == "0.0095"
 
 
 def test_queued_mean_integrates_the_wait_for_a_first_response_inside_the_window() -> None:

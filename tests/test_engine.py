@@ -179,6 +179,13 @@ def test_decode_run_equals_single_steps() -> None:
     assert [r.rid for r in out.finished] == [0]
     assert batched.pool.num_used == stepped.pool.num_used
     assert batched.counters.generation_tokens == stepped.counters.generation_tokens
+    # every token counts its step's duration (vLLM's inter-token latency), in a run as step by step
+    assert batched.counters.token_step_seconds == pytest.approx(stepped.counters.token_step_seconds, rel=1e-9)
+    decode_tokens = 5 * k
+    first = fresh()
+    assert batched.counters.token_step_seconds - first.counters.token_step_seconds == pytest.approx(
+        out.duration * decode_tokens / k, rel=1e-9
+    )  # five sequences in each of the k steps: five tokens of each step's duration
     assert [(r.num_computed, r.num_output, r.n_hashed) for r in batched.running] == [
         (r.num_computed, r.num_output, r.n_hashed) for r in stepped.running
     ]

@@ -98,6 +98,56 @@ def test_eviction_near_the_budget_holds_and_over_it_the_factor_falls_to_one() ->
     assert budget.falls == 2
 
 
+FLOOR = 0.01  # a step's fixed cost, engine seconds
+
+
+def _itl(budget: EvictionBudget, replica: str, *, until: float, step_seconds: float, start: float = 0.0) -> None:
+    """Scrapes every 10 s from ``start`` to ``until`` of an engine whose tokens each took ``step_seconds``."""
+    for i, t in enumerate(range(int(start), int(until) + 1, 10)):
+        count = 1000.0 * (i + 1) + start * 100
+        budget.observe_itl(replica, now=float(t), seconds_total=count * step_seconds, count_total=count)
+
+
+def test_engines_with_room_to_compute_keep_the_factor_rising_over_the_budget() -> None:
+    over = int(1.5 * BUDGET * WINDOW)  # eviction at 1.5 times the budget
+    cases = {  # step floor, the engines' mean step -> whether the factor keeps rising
+        "small batches: steps near the floor": (FLOOR, 1.6 * FLOOR, True),
+        "steps past twice the floor": (FLOOR, 2.4 * FLOOR, False),
+        "no floor known": (None, 1.1 * FLOOR, False),
+    }
+    for name, (floor, step_seconds, rises) in cases.items():
+        config = EvictionBudgetConfig(reprefill_tokens_per_s=BUDGET, window_seconds=WINDOW, step_floor_seconds=floor)
+        budget = EvictionBudget(config)
+        budget.observe("a", now=0.0, tokens=0)
+        _itl(budget, "a", until=60.0, step_seconds=step_seconds)
+        assert budget.step(["a"], now=60.0, waiting=True), name  # no eviction yet: the once-a-window rise
+        budget.observe("a", now=100.0, tokens=over)
+        _itl(budget, "a", start=70.0, until=130.0, step_seconds=step_seconds)
+        assert budget.headroom(["a"], 130.0) is rises, name
+        assert budget.step(["a"], now=130.0, waiting=True), name  # it moves either way ...
+        assert (budget.scale > 1.1) is rises, name  # ... up with room to compute, down to the projection without
+        assert budget.falls == (0 if rises else 1), name
+
+
+def test_the_mean_inter_token_latency_is_over_the_window_and_survives_a_restart() -> None:
+    budget = _budget()
+    assert budget.mean_itl("a", 0.0) is None  # no scrape
+    budget.observe_itl("a", now=0.0, seconds_total=0.0, count_total=0.0)
+    assert budget.mean_itl("a", 0.0) is None  # one scrape: no delta
+    budget.observe_itl("a", now=10.0, seconds_total=0.0, count_total=0.0)
+    assert budget.mean_itl("a", 10.0) is None  # no token in the window
+    budget.observe_itl("a", now=20.0, seconds_total=3.0, count_total=100.0)
+    assert budget.mean_itl("a", 20.0) == pytest.approx(0.03)
+    budget.observe_itl("a", now=50.0, seconds_total=3.5, count_total=150.0)
+    budget.observe_itl("a", now=100.0, seconds_total=4.0, count_total=200.0)
+    assert budget.mean_itl("a", 100.0) == pytest.approx(0.01)  # the scrapes older than the window are gone
+    budget.observe_itl("a", now=110.0, seconds_total=0.5, count_total=10.0)  # the engine restarted
+    assert budget.mean_itl("a", 110.0) is None
+    assert not budget.headroom(["a"], 110.0)  # a replica without a mean: no room claimed
+    budget.forget("a")
+    assert budget.mean_itl("a", 120.0) is None
+
+
 def test_the_mean_over_replicas_decides_and_max_scale_bounds_the_factor() -> None:
     budget = EvictionBudget(EvictionBudgetConfig(window_seconds=WINDOW, max_scale=1.15))
     budget.observe("a", now=0.0, tokens=0)
@@ -114,7 +164,10 @@ def test_a_faster_engine_takes_a_scaled_budget_and_bad_settings_are_refused() ->
     assert scaled.reprefill_tokens_per_s == 20_000.0
     assert scaled.window_seconds == 6.0
     assert scaled.step_seconds == 1.0
-    bads = ({"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0})
+    bads = (
+        {"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0},
+        {"step_floor_seconds": 0.0}, {"headroom_ratio": 1.0},
+    )  # fmt: skip
     for bad in (*bads, {"idle_usage": -0.1}, {"idle_usage": 1.5}):
         with pytest.raises(ValueError, match="eviction budget"):
             EvictionBudgetConfig(**bad)  # type: ignore[arg-type]
@@ -223,3 +276,17 @@ def test_the_ledger_feeds_scraped_kv_usage_to_the_budget_except_just_after_a_flu
     assert ledger.budget.mean_usage(["b"], later) == pytest.approx(0.1)
     ledger.observe_scrape("a", now=later, preemptions_total=0.0, waiting=0.0, kv_usage=None)  # no gauge: nothing
     assert ledger.budget.mean_usage(["a"], later) == pytest.approx(0.6)
+
+
+def test_the_ledger_feeds_the_inter_token_latency_to_the_budget_except_just_after_a_flush() -> None:
+    ledger = _ledger(budget=EvictionBudgetConfig(window_seconds=2 * WINDOW, step_floor_seconds=0.01))
+    assert ledger.budget is not None
+    ledger.observe_scrape("a", now=1.0, preemptions_total=0.0, waiting=0.0, itl=(0.0, 0.0))
+    ledger.observe_scrape("a", now=11.0, preemptions_total=0.0, waiting=0.0, itl=(3.0, 100.0))
+    assert ledger.budget.mean_itl("a", 11.0) == pytest.approx(0.03)
+    ledger.weights.flushed("a", now=12.0)  # a reloaded engine steps fast with nothing to run: no sign of room
+    ledger.observe_scrape("a", now=13.0, preemptions_total=0.0, waiting=0.0, itl=(3.1, 200.0))
+    assert ledger.budget.mean_itl("a", 13.0) == pytest.approx(0.03)
+    later = 12.0 + ledger.weights.config.grace_s
+    ledger.observe_scrape("a", now=later, preemptions_total=0.0, waiting=0.0, itl=(4.0, 300.0))
+    assert ledger.budget.mean_itl("a", later) == pytest.approx(4.0 / 300.0)

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.cli.router import router_command
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.children import (
     STATE_PATH,
     desired_engine_pods,
@@ -289,7 +290,7 @@ def test_router_objects() -> None:
         "--residency=0.5",
         "--headroom=0.1",
         "--cap-ceiling=256",
-    ]
+    ]  # no --step-floor: a real vLLM's step floor is not known
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -307,6 +308,8 @@ def test_router_settings_come_from_the_spec() -> None:
     assert "--queue-timeout=0.01" in c["args"]
     assert "--queue-max=7" in c["args"]
     assert not any(a.startswith("--cap-ceiling") for a in c["args"])
+    floor = hardware_preset("h100-80gb").cost.fixed_step_seconds  # engine-sims: their cost model's step floor
+    assert f"--step-floor={floor!r}" in c["args"]
 
 
 @pytest.mark.parametrize(("seconds", "arg"), [(4, "--renew-every=4"), (0.25, "--renew-every=0.25"), (None, None)])

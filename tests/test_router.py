@@ -98,6 +98,24 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0
     assert signals.preemptions_total == 4.0
     assert signals.kv_cache_usage == 0.5
     assert signals.capacity_tokens == 1600
+    assert signals.itl is None  # no inter-token latency histogram
+
+
+def test_parse_signals_reads_the_inter_token_latency_sum_and_count_newest_name_first() -> None:
+    current = """
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 40.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 50.0
+"""
+    assert parse_signals(current).itl == (2.0, 150.0)  # summed over the replica's engines
+    older = """
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 3.0
+vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 60.0
+"""
+    assert parse_signals(older).itl == (3.0, 60.0)
+    assert parse_signals(current + older).itl == (2.0, 150.0)  # the newest name wins when both are there
 
 
 # -- over HTTP ---------------------------------------------------------------------------

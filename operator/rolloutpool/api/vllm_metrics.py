@@ -18,6 +18,7 @@ __all__ = [
     "GENERATION_TOKENS",
     "GPU_CACHE_USAGE",
     "INTER_TOKEN_LATENCY",
+    "INTER_TOKEN_LATENCY_SAMPLES",
     "KV_CACHE_USAGE",
     "NUM_PREEMPTIONS",
     "NUM_PREEMPTIONS_SAMPLES",
@@ -36,8 +37,10 @@ __all__ = [
     "RL_WEIGHT_UPDATE_DURATION",
     "RL_WEIGHT_UPDATE_IN_FLIGHT",
     "RL_WEIGHT_UPDATE_OPS_COUNT",
+    "TIME_PER_OUTPUT_TOKEN",
     "TIME_TO_FIRST_TOKEN",
     "count",
+    "histogram_sum",
     "total",
 ]
 
@@ -86,6 +89,20 @@ def count(histogram: str) -> str:
     """The sample name of the observation count of histogram family ``histogram`` (pure)."""
     return f"{histogram}_count"
 
+
+def histogram_sum(histogram: str) -> str:
+    """The sample name of the observations' sum of histogram family ``histogram`` (pure)."""
+    return f"{histogram}_sum"
+
+
+TIME_PER_OUTPUT_TOKEN: Final = "vllm:time_per_output_token_seconds"  # noqa: S105 - a metric name
+"""Older releases' name of the inter-token latency histogram."""
+INTER_TOKEN_LATENCY_SAMPLES: Final = (
+    (histogram_sum(INTER_TOKEN_LATENCY), count(INTER_TOKEN_LATENCY)),
+    (histogram_sum(TIME_PER_OUTPUT_TOKEN), count(TIME_PER_OUTPUT_TOKEN)),
+)
+"""The inter-token latency histogram's ``(sum, count)`` samples under each name, newest first (read by the router's
+scrape: the engines' token-weighted mean step)."""
 
 RL_WEIGHT_UPDATE_OPS_COUNT: Final = count(RL_WEIGHT_UPDATE_DURATION)
 """How many RL weight-sync operations ran, by ``operation`` (read by the router's scrape and the law)."""

@@ -51,6 +51,14 @@ __all__ = ["router_command"]
     metavar="SECONDS",
     help="Window of that measured rate (/ --time-scale for engine-sims).",
 )
+@click.option(
+    "--step-floor",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="An engine step's fixed cost (overhead + one read of the weights, engine seconds): while the engines' mean "
+    "inter-token latency stays under twice it, measured eviction does not stop the budget's rise. Unset: off.",
+)
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
 @click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
 @click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
@@ -103,6 +111,7 @@ def router_command(
     cap_ceiling: int | None,
     reprefill_budget: float,
     reprefill_budget_window: float,
+    step_floor: float | None,
     idle_timeout: float,
     queue_max: int,
     queue_timeout: float,
@@ -156,7 +165,9 @@ def router_command(
             "headroom": headroom,
             "cap_ceiling": cap_ceiling,
             "eviction_budget": EvictionBudgetConfig(
-                reprefill_tokens_per_s=reprefill_budget, window_seconds=reprefill_budget_window
+                reprefill_tokens_per_s=reprefill_budget,
+                window_seconds=reprefill_budget_window,
+                step_floor_seconds=step_floor,
             )
             if reprefill_budget > 0
             else None,

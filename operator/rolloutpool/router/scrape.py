@@ -41,6 +41,8 @@ class ScrapedSignals:
     num_gpu_blocks: int | None = None
     prefix_caching: bool | None = None
     """``enable_prefix_caching`` of ``vllm:cache_config_info`` (None: not reported)."""
+    itl: tuple[float, float] | None = None
+    """The inter-token latency histogram's ``(sum, count)`` over the replica's engines (None: not reported)."""
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -62,6 +64,8 @@ class ScrapedSignals:
             "num_gpu_blocks": self.num_gpu_blocks,
             "capacity_tokens": self.capacity_tokens,
             "prefix_caching": None if self.prefix_caching is None else float(self.prefix_caching),
+            "itl_seconds_total": None if self.itl is None else self.itl[0],
+            "itl_count_total": None if self.itl is None else self.itl[1],
         }
 
 
@@ -88,7 +92,9 @@ def _int_label(value: str | None) -> int | None:
         return None
 
 
-_WANTED = frozenset((*_SUMMED, *_LEGACY, vm.KV_CACHE_USAGE, vm.GPU_CACHE_USAGE, vm.CACHE_CONFIG_INFO))
+_ITL = {name: (i, j) for i, pair in enumerate(vm.INTER_TOKEN_LATENCY_SAMPLES) for j, name in enumerate(pair)}
+"""Sample name -> (which name of the histogram, 0: sum / 1: count); the newest name present wins."""
+_WANTED = frozenset((*_SUMMED, *_LEGACY, *_ITL, vm.KV_CACHE_USAGE, vm.GPU_CACHE_USAGE, vm.CACHE_CONFIG_INFO))
 
 
 def scrape_timeout(*, interval_s: float, configured_s: float) -> float:
@@ -127,6 +133,9 @@ def parse_signals(text: str) -> ScrapedSignals:
     legacy_usage: float | None = None
     block_size = num_blocks = None
     prefix_caching: bool | None = None
+    names = len(vm.INTER_TOKEN_LATENCY_SAMPLES)
+    itl_parts = [[0.0, 0.0] for _ in range(names)]  # per name of the histogram: sum, count
+    itl_seen = [False] * names
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, value = sample.name, sample.value
@@ -137,6 +146,10 @@ def parse_signals(text: str) -> ScrapedSignals:
                 seen.add(_SUMMED[name])
             elif name in _LEGACY:
                 legacy[_LEGACY[name]] += value
+            elif name in _ITL:
+                which, part = _ITL[name]
+                itl_parts[which][part] += value
+                itl_seen[which] = True
             elif name == vm.KV_CACHE_USAGE:
                 usage = value if usage is None else max(usage, value)
             elif name == vm.GPU_CACHE_USAGE:
@@ -151,11 +164,13 @@ def parse_signals(text: str) -> ScrapedSignals:
     for key, value in legacy.items():
         if key not in seen:
             sums[key] = value
+    latency = next(((itl_parts[i][0], itl_parts[i][1]) for i in range(names) if itl_seen[i]), None)
     return ScrapedSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         prefix_caching=prefix_caching,
+        itl=latency,
         **sums,
     )
 
@@ -215,7 +230,11 @@ class Scraper:
         self.manager.set_capacity(name, signals.capacity_tokens, signals.block_size)
         self.manager.weights.observe_engine_ops(name, flush_operations_total(text), now=self.manager.clock())
         self.manager.observe_scrape(
-            name, preemptions_total=signals.preemptions_total, waiting=signals.waiting, kv_usage=signals.kv_cache_usage
+            name,
+            preemptions_total=signals.preemptions_total,
+            waiting=signals.waiting,
+            kv_usage=signals.kv_cache_usage,
+            itl=signals.itl,
         )
         self.manager.set_ready(name, True)
 

@@ -463,12 +463,18 @@ class SessionManager:
         self._dispatch()
 
     def observe_scrape(
-        self, name: str, *, preemptions_total: float, waiting: float, kv_usage: float | None = None
+        self,
+        name: str,
+        *,
+        preemptions_total: float,
+        waiting: float,
+        kv_usage: float | None = None,
+        itl: tuple[float, float] | None = None,
     ) -> None:
-        """Feed a scrape's pressure signals to the replica's quarantine state."""
+        """Feed a scrape's pressure signals to the replica's quarantine state (and the eviction budget)."""
         now = self.clock()
         self.ledger.observe_scrape(
-            name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage
+            name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage, itl=itl
         )
         self._dispatch()
 

@@ -487,13 +487,24 @@ class Ledger:
         return changed
 
     def observe_scrape(
-        self, name: str, *, now: float, preemptions_total: float, waiting: float, kv_usage: float | None = None
+        self,
+        name: str,
+        *,
+        now: float,
+        preemptions_total: float,
+        waiting: float,
+        kv_usage: float | None = None,
+        itl: tuple[float, float] | None = None,
     ) -> None:
-        """A scrape's pressure signals, fed to the replica's fast quarantine (KV usage also to the eviction budget)."""
+        """A scrape's pressure signals, fed to the replica's fast quarantine; KV usage and the inter-token latency
+        histogram's ``(sum, count)`` (``itl``) also to the eviction budget."""
         grace = self.weights.in_grace(name, now=now)  # the burst of re-prefills after a weight update
-        # a drained, flushed and reloaded engine reads empty: no sign of idle prefixes (eviction_budget.py)
-        if self.budget is not None and kv_usage is not None and not grace:
-            self.budget.observe_usage(name, now=now, usage=kv_usage)
+        # a drained, flushed and reloaded engine reads empty and idle: no sign of idle prefixes or of room to compute
+        if self.budget is not None and not grace:
+            if kv_usage is not None:
+                self.budget.observe_usage(name, now=now, usage=kv_usage)
+            if itl is not None:
+                self.budget.observe_itl(name, now=now, seconds_total=itl[0], count_total=itl[1])
         pressure = self.limits[name].pressure
         if pressure is None:
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rolloutpool.autoscale import initial_cap
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
@@ -109,11 +109,14 @@ class _Fleet:
                 kv_admission=config.kv_admission,
             )
         quarantine = config.quarantine if ours else None
+        budget = config.eviction_budget if ours else None
+        if budget is not None and budget.step_floor_seconds is None:  # as the operator passes it for engine-sims
+            budget = replace(budget, step_floor_seconds=ecfg.cost.fixed_step_seconds)
         self.ledger = Ledger(
             LedgerConfig(
                 caps=rule,
                 quarantine=quarantine,
-                eviction_budget=config.eviction_budget if ours else None,
+                eviction_budget=budget,
                 default_block_size=ecfg.block_size,
             ),
             policy=policy,
@@ -408,6 +411,7 @@ class _Fleet:
                 preemptions_total=driver.engine.counters.preemptions,
                 waiting=len(driver.engine.waiting),
                 kv_usage=driver.engine.pool.usage,
+                itl=(driver.engine.counters.token_step_seconds, float(driver.engine.counters.generation_tokens)),
             )
             if self.weights is not None and pressure is not None:
                 self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)

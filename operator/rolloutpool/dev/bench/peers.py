@@ -80,6 +80,8 @@ class RouterLaunch:
     headroom: float = 0.1
     typical_prefill_tokens: int = 1000
     """New (uncached) tokens of a typical returning turn: calibrates ``decode_throughput_alpha``."""
+    step_floor_seconds: float | None = None
+    """The engine-sims' fixed step cost (engine seconds) for our router's ``--step-floor``; None: not passed."""
     prometheus_port: int = 0
     """vllm-router's metrics port (it binds one; never its default 29000)."""
     admin_token_file: str | None = None
@@ -97,6 +99,8 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
         budget = EvictionBudgetConfig().scaled(launch.time_scale)  # engine time: the engine-sims run time-scaled
         argv += ["--reprefill-budget", f"{budget.reprefill_tokens_per_s:g}"]
         argv += ["--reprefill-budget-window", f"{budget.window_seconds:g}"]
+        if launch.step_floor_seconds is not None:
+            argv += ["--step-floor", f"{launch.step_floor_seconds:g}"]
     argv += [
         "--scrape-interval", str(launch.scrape_interval_s),
         "--queue-timeout", str(launch.queue_timeout_s),

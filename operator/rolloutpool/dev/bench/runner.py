@@ -27,6 +27,7 @@ from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.server.instruments import LAG_SECONDS
 from rolloutpool.sim.workload import Lognormal, Scenario
 
@@ -45,6 +46,8 @@ __all__ = [
 
 Progress = Callable[[str], None]
 LAG_WARNING_PCT = 5.0
+ENGINE_HARDWARE = "h100-80gb"
+"""The engine-sims' cost-model preset (their KV capacity is the bench's own); our router knows its step floor."""
 """Engine lag (percent of the window) past which a run's figures say more about the CPU than the routers."""
 
 _COUNTERS = (
@@ -267,6 +270,7 @@ def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens
         "--kv-capacity-tokens", str(kv_tokens),
         "--max-model-len", str(config.max_model_len),
         "--seed", str(config.engine_seed),
+        "--hardware", ENGINE_HARDWARE,
     )  # fmt: skip
 
 
@@ -300,6 +304,7 @@ def _launch(
         residency=config.residency,
         headroom=config.headroom,
         typical_prefill_tokens=config.typical_prefill_tokens,
+        step_floor_seconds=hardware_preset(ENGINE_HARDWARE).cost.fixed_step_seconds,
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
     )

@@ -228,6 +228,7 @@ class Engine:
         self.counters.generation_tokens += generated
         self.counters.steps += 1 if scheduled else 0
         self.counters.busy_seconds += duration
+        self.counters.token_step_seconds += duration * generated
         return StepOutcome(duration, 1 if scheduled else 0, finished, first, preempted, generated)
 
     # -- many decode steps at once ----------------------------------------------------
@@ -344,6 +345,7 @@ class Engine:
         self.counters.generation_tokens += generated
         self.counters.steps += steps
         self.counters.busy_seconds += duration
+        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
         return StepOutcome(duration, steps, finished, [], [], generated)
 
     def _decode_blocks_needed(self, steps: int) -> int:

@@ -34,6 +34,11 @@ class CostModel:
     kv_bytes_per_token: int = 147_456
     hbm_bytes_per_s: float = 3.0e12
 
+    @property
+    def fixed_step_seconds(self) -> float:
+        """What every step costs whatever it holds: the overhead and one read of the weights (the floor of a step)."""
+        return self.step_overhead_s + self.weight_bytes / self.hbm_bytes_per_s
+
     def step_seconds(self, *, prefill_tokens: int, kv_tokens_read: int) -> float:
         """Duration of one step."""
         read = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token

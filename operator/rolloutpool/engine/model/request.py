@@ -109,6 +109,9 @@ class EngineCounters:
     finished_length: int = 0
     steps: int = 0
     busy_seconds: float = 0.0
+    token_step_seconds: float = 0.0
+    """Each generated token's step duration, summed: over ``generation_tokens`` the token-weighted mean step, what
+    ``vllm:inter_token_latency_seconds`` ``_sum / _count`` measures (but for the first tokens, which it leaves out)."""
 
 
 @dataclass
