@@ -51,8 +51,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from rolloutpool.routing.window import WindowSum
+
+_Sample = TypeVar("_Sample", tuple[float, float], tuple[float, float, float])
+"""A timed sample: its time first."""
 
 __all__ = ["IDLE_PREFIX_USAGE", "REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
 
@@ -138,32 +142,26 @@ class EvictionBudget:
         if tokens > 0:
             window.add(tokens, now=now)
 
-    def observe_usage(self, replica: str, *, now: float, usage: float) -> None:
-        """A scrape of the replica's KV usage (0..1)."""
-        self._usage.setdefault(replica, deque()).append((now, usage))
-        self._usage_within(replica, now)
-
-    def _usage_within(self, replica: str, now: float) -> deque[tuple[float, float]]:
-        """The replica's usage samples within the window that ends at ``now`` (older ones forgotten)."""
-        samples = self._usage.get(replica, deque())
+    def _within(self, samples: deque[_Sample], now: float) -> deque[_Sample]:
+        """``samples`` (timed first) within the window that ends at ``now``: the older ones are forgotten."""
         while samples and samples[0][0] < now - self.config.window_seconds:
             samples.popleft()
         return samples
+
+    def observe_usage(self, replica: str, *, now: float, usage: float) -> None:
+        """A scrape of the replica's KV usage (0..1)."""
+        self._within(self._usage.setdefault(replica, deque()), now).append((now, usage))
 
     def observe_itl(self, replica: str, *, now: float, seconds_total: float, count_total: float) -> None:
         """A scrape of the replica's inter-token latency histogram: its ``_sum`` and ``_count`` (engine seconds)."""
         samples = self._itl.setdefault(replica, deque())
         if samples and count_total < samples[-1][2]:  # the engine restarted: its counters begin again
             samples.clear()
-        samples.append((now, seconds_total, count_total))
-        while samples and samples[0][0] < now - self.config.window_seconds:
-            samples.popleft()
+        self._within(samples, now).append((now, seconds_total, count_total))
 
     def mean_itl(self, replica: str, now: float) -> float | None:
         """The replica's mean inter-token latency over the window; None under two scrapes or without a token."""
-        samples = self._itl.get(replica, deque())
-        while samples and samples[0][0] < now - self.config.window_seconds:
-            samples.popleft()
+        samples = self._within(self._itl.get(replica, deque()), now)
         if len(samples) < 2:
             return None
         (_, s0, c0), (_, s1, c1) = samples[0], samples[-1]
@@ -176,9 +174,8 @@ class EvictionBudget:
         if floor is None or not replicas:
             return False
         means = [self.mean_itl(name, now) for name in replicas]
-        if any(m is None for m in means):
-            return False
-        return sum(m for m in means if m is not None) / len(means) < self.config.headroom_ratio * floor
+        known = [m for m in means if m is not None]
+        return len(known) == len(means) and sum(known) / len(known) < self.config.headroom_ratio * floor
 
     def forget(self, replica: str) -> None:
         """A replica left the fleet."""
@@ -190,7 +187,7 @@ class EvictionBudget:
         """The mean over ``replicas`` of each one's KV usage averaged over the window; None: none scraped in it."""
         means = []
         for name in replicas:
-            samples = self._usage_within(name, now)
+            samples = self._within(self._usage.get(name, deque()), now)
             if samples:
                 means.append(sum(u for _, u in samples) / len(samples))
         return sum(means) / len(means) if means else None
