@@ -69,18 +69,23 @@ class ScrapedSignals:
         }
 
 
+(_ITL_SUM, _ITL_COUNT), *_ITL_OLDER = vm.INTER_TOKEN_LATENCY_SAMPLES
 _SUMMED = {
     vm.NUM_REQUESTS_WAITING: "waiting",
     vm.NUM_REQUESTS_RUNNING: "running",
     vm.NUM_PREEMPTIONS_SAMPLES[0]: "preemptions_total",
     vm.PREFIX_CACHE_QUERIES_SAMPLES[0]: "prefix_cache_queries_total",
     vm.PREFIX_CACHE_HITS_SAMPLES[0]: "prefix_cache_hits_total",
+    _ITL_SUM: "itl_seconds_total",
+    _ITL_COUNT: "itl_count_total",
 }
 _LEGACY = {
     # older vLLM releases: the V1 engine's first names, and counters exposed without ``_total``
     **dict.fromkeys(vm.PREFIX_CACHE_QUERIES_SAMPLES[1:], "prefix_cache_queries_total"),
     **dict.fromkeys(vm.PREFIX_CACHE_HITS_SAMPLES[1:], "prefix_cache_hits_total"),
     **dict.fromkeys(vm.NUM_PREEMPTIONS_SAMPLES[1:], "preemptions_total"),
+    **{older_sum: "itl_seconds_total" for older_sum, _ in _ITL_OLDER},
+    **{older_count: "itl_count_total" for _, older_count in _ITL_OLDER},
 }
 """Read only when the current name of the same signal is absent from the scrape."""
 
@@ -92,9 +97,7 @@ def _int_label(value: str | None) -> int | None:
         return None
 
 
-_ITL = {name: (i, j) for i, pair in enumerate(vm.INTER_TOKEN_LATENCY_SAMPLES) for j, name in enumerate(pair)}
-"""Sample name -> (which name of the histogram, 0: sum / 1: count); the newest name present wins."""
-_WANTED = frozenset((*_SUMMED, *_LEGACY, *_ITL, vm.KV_CACHE_USAGE, vm.GPU_CACHE_USAGE, vm.CACHE_CONFIG_INFO))
+_WANTED = frozenset((*_SUMMED, *_LEGACY, vm.KV_CACHE_USAGE, vm.GPU_CACHE_USAGE, vm.CACHE_CONFIG_INFO))
 
 
 def scrape_timeout(*, interval_s: float, configured_s: float) -> float:
@@ -129,13 +132,11 @@ def parse_signals(text: str) -> ScrapedSignals:
     sums = dict.fromkeys(_SUMMED.values(), 0.0)
     seen: set[str] = set()
     legacy = dict.fromkeys(_SUMMED.values(), 0.0)
+    legacy_seen: set[str] = set()
     usage: float | None = None
     legacy_usage: float | None = None
     block_size = num_blocks = None
     prefix_caching: bool | None = None
-    names = len(vm.INTER_TOKEN_LATENCY_SAMPLES)
-    itl_parts = [[0.0, 0.0] for _ in range(names)]  # per name of the histogram: sum, count
-    itl_seen = [False] * names
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, value = sample.name, sample.value
@@ -146,10 +147,7 @@ def parse_signals(text: str) -> ScrapedSignals:
                 seen.add(_SUMMED[name])
             elif name in _LEGACY:
                 legacy[_LEGACY[name]] += value
-            elif name in _ITL:
-                which, part = _ITL[name]
-                itl_parts[which][part] += value
-                itl_seen[which] = True
+                legacy_seen.add(_LEGACY[name])
             elif name == vm.KV_CACHE_USAGE:
                 usage = value if usage is None else max(usage, value)
             elif name == vm.GPU_CACHE_USAGE:
@@ -164,13 +162,14 @@ def parse_signals(text: str) -> ScrapedSignals:
     for key, value in legacy.items():
         if key not in seen:
             sums[key] = value
-    latency = next(((itl_parts[i][0], itl_parts[i][1]) for i in range(names) if itl_seen[i]), None)
+    itl_sum, itl_count = sums.pop("itl_seconds_total"), sums.pop("itl_count_total")
+    reported = "itl_count_total" in seen | legacy_seen  # the histogram under either name (else no latency)
     return ScrapedSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         prefix_caching=prefix_caching,
-        itl=latency,
+        itl=(itl_sum, itl_count) if reported else None,
         **sums,
     )
 
