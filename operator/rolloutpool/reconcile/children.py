@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import API_GROUP, PLURAL
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.engine_pod import apply_engine_fields
@@ -182,7 +182,7 @@ def _simulated_container(spec: RolloutPoolSpec, index: int, image: str) -> dict[
     if engine.kv_capacity_tokens is not None:
         args.append(f"--kv-capacity-tokens={engine.kv_capacity_tokens}")
     args += [
-        f"--hardware={simulator.hardware if simulator else 'h100-80gb'}",
+        f"--hardware={(simulator or SimulatorSpec()).hardware}",
         f"--time-scale={_number(simulator.time_scale if simulator else 1.0)}",
         f"--seed={index}",
         *engine.extra_args,
@@ -271,7 +271,7 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         args.append(f"--reprefill-budget={_number(budget.reprefill_tokens_per_s)}")
         args.append(f"--reprefill-budget-window={_number(budget.window_seconds)}")
     if spec.engine.kind == "simulated":  # the engine-sims' step floor is their cost model's (real vLLM: unknown)
-        floor = hardware_preset(simulator.hardware if simulator else "h100-80gb").cost.fixed_step_seconds
+        floor = hardware_preset((simulator or SimulatorSpec()).hardware).cost.fixed_step_seconds
         args.append(f"--step-floor={_number(floor)}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
