@@ -65,7 +65,6 @@ async def session(
     index: int,
     *,
     stop: float,
-    update: dict[str, float],
     log: list[dict[str, Any]],
 ) -> None:
     sid = f"midrun-{index}"
@@ -81,14 +80,20 @@ async def session(
             await asyncio.sleep(0.2)
             continue
         cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
-        phase = "before" if started < update.get("start", float("inf")) else "after"
-        log.append({"session": sid, "turn": turn, "cached": cached, "phase": phase, "t": started})
+        log.append({"session": sid, "turn": turn, "cached": cached, "t": started, "ended": time.monotonic()})
         messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
         messages.append({"role": "user", "content": f"tool output {index}.{turn}: " + "ok " * 40})
         turn += 1
         await asyncio.sleep(0.3)  # the tool call
     async with http.post(f"{url}/finish_session", params={"session_id": sid}) as r:
         await r.read()
+
+
+def phase(ended: float, *, update_start: float, flushed: float) -> str:
+    """Where a turn that ended at ``ended`` ran: on the old cache, drained by the pause, or after the flush."""
+    if ended < update_start:
+        return "before"
+    return "after" if ended > flushed else "drained"
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,22 +121,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await wait_http(http, f"{engine}/health")
             await wait_http(http, f"{url}/health")
             stop = time.monotonic() + args.duration
-            update: dict[str, float] = {}
             log: list[dict[str, Any]] = []
-            tasks = [
-                asyncio.create_task(session(http, url, i, stop=stop, update=update, log=log))
-                for i in range(args.sessions)
-            ]
+            tasks = [asyncio.create_task(session(http, url, i, stop=stop, log=log)) for i in range(args.sessions)]
             await asyncio.sleep(args.duration / 2)
             before = await counters(http, url)
-            update["start"] = time.monotonic()
+            update_start = flushed = time.monotonic()
             fan_out = {}
             for call in ("pause?mode=wait", "update_weights", "resume"):
                 async with http.post(f"{url}/admin/rl/{call}", json={}, headers=auth) as r:
                     body = await r.json()
                     fan_out[call] = {"status": r.status, "ok": body["ok"], "failed": body["failed"]}
+                if call == "update_weights":
+                    flushed = time.monotonic()
             await asyncio.gather(*tasks)
             after = await counters(http, url)
+        # A turn that ended before the update began ran on the old cache ("before"). The pause
+        # drains what is in flight and holds what is new until the resume, so a turn that ended
+        # after the flush had answered ran entirely on the flushed cache ("after"); one that
+        # ended in between (sent just as the pause went out) ran before the flush and is neither.
+        for row in log:
+            if "ended" in row:
+                row["phase"] = phase(row["ended"], update_start=update_start, flushed=flushed)
         first_after = {}
         for row in log:
             if row.get("phase") == "after" and row["session"] not in first_after:
@@ -144,6 +154,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "sessions_with_a_turn_after_update": len(first_after),
             "turns_with_cache_hits_before": sum(1 for r in log if r.get("phase") == "before" and r["cached"] > 0),
             "turns_with_cache_hits_after": sum(1 for r in log if r.get("phase") == "after" and r["cached"] > 0),
+            "turns_drained_by_the_pause": sum(1 for r in log if r.get("phase") == "drained"),
             "router_before_update": before,
             "router_at_end": after,
             "router_log": str(logs / "router.log"),
