@@ -225,6 +225,10 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         # the router's measured floor, through Prometheus: six finished sessions do not outweigh the prior yet, so
         # every session counts at maxModelLen (4096 * 0.9 // 2048)
         assert (hot_s.kv_cap, idle_s.kv_cap) == (1, 1)
+        # the engine-sims' inter-token latency histogram: a mean step on the engine that generated, none on the other
+        assert hot_s.mean_itl_seconds is not None
+        assert 0.0 < hot_s.mean_itl_seconds < 1.0
+        assert idle_s.mean_itl_seconds is None, "0/0: the idle engine generated no token"
         health = classify_health(enabled=True, reachable=True, signals=signals, now=time.time(), stale_after_seconds=30)
         assert (health.available, health.reason) == (True, "MetricsAvailable")
 

@@ -10,6 +10,7 @@ from rolloutpool.autoscale import (
     LawParams,
     ReplicaControl,
     ReplicaSignals,
+    cheap_cache_reads,
     classify_health,
     decide_replica,
     decide_unobserved,
@@ -216,6 +217,37 @@ def test_the_law_starts_at_its_initial_cap_clamped_to_floor_and_ceiling() -> Non
     assert (first.cap, first.reason) == (21, "Raised")  # slow start from 20: x1.05, at least one step
     blind = decide_replica(previous=None, signals=None, params=params, now=0)
     assert (blind.cap, blind.reason) == (10, "NoMetrics")  # Prometheus down: the floor, as ever
+
+
+FLOOR_S = 0.01
+"""A step's floor in these tests (engine seconds)."""
+
+
+def test_cheap_cache_reads_need_both_costs_and_a_whole_read_under_the_headroom() -> None:
+    cheap = replace(P, step_floor_seconds=FLOOR_S, cache_read_seconds=0.5 * FLOOR_S)
+    assert cheap_cache_reads(cheap)
+    assert not cheap_cache_reads(replace(cheap, cache_read_seconds=FLOOR_S))  # a read of it doubles the step
+    assert not cheap_cache_reads(replace(cheap, step_floor_seconds=None))  # real vLLM: unknown
+    assert not cheap_cache_reads(replace(cheap, cache_read_seconds=None))
+    assert cheap_cache_reads(replace(cheap, cache_read_seconds=2 * FLOOR_S, headroom_ratio=3.5))
+    assert initial_cap(cheap) == P.ceiling  # nothing to protect against until pressure shows
+    assert initial_cap(replace(cheap, cache_read_seconds=FLOOR_S)) == P.floor  # P has no initial: the floor
+
+
+def test_eviction_in_steps_with_room_is_no_pressure_where_cache_reads_are_cheap() -> None:
+    cheap = replace(P, step_floor_seconds=FLOOR_S, cache_read_seconds=0.5 * FLOOR_S)
+    roomy = replace(STORM, mean_itl_seconds=1.5 * FLOOR_S)
+    assert pressure_reason(roomy, cheap) is None
+    assert pressure_reason(replace(roomy, mean_itl_seconds=2.0 * FLOOR_S), cheap) == "Evicting"  # at the mark
+    assert pressure_reason(replace(roomy, mean_itl_seconds=None), cheap) == "Evicting"  # unknown: no room
+    assert pressure_reason(roomy, replace(cheap, cache_read_seconds=1.5 * FLOOR_S)) == "Evicting"  # dear reads
+    assert pressure_reason(replace(roomy, preemptions_per_s=1.0), cheap) == "Preempting"  # preemption still counts
+    # with room the slow start climbs as for idle prefixes (x1.15 every 15 s), eviction or not
+    params = replace(cheap, cooldown_seconds=60, idle_eviction_factor=1.15, idle_eviction_cooldown_seconds=15)
+    binding = replace(roomy, kv_usage=0.5, live_sessions=20, queued_sessions=4)
+    assert decide_replica(previous=at(20), signals=binding, params=params, now=15).cap == 23
+    dear = replace(binding, mean_itl_seconds=2.5 * FLOOR_S, reprefill_tokens_per_s=100.0)  # under the threshold
+    assert decide_replica(previous=at(20), signals=dear, params=params, now=15).cap == 20  # the 60 s cooldown
 
 
 def test_the_slow_start_climbs_gently_once_kv_usage_is_past_the_near_mark() -> None:

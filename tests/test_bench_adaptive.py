@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl
+from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl, cheap_cache_reads
 from rolloutpool.capacity import oversubscribed_cap
 from rolloutpool.dev.bench.adaptive import (
     AdaptiveLaw,
@@ -29,7 +29,8 @@ from rolloutpool.dev.bench.sweep_report import (
     write_combined_outputs,
     write_sweep_outputs,
 )
-from rolloutpool.reconcile.caps import law_params
+from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.reconcile.caps import DEFAULT_CEILING, law_params
 from rolloutpool.reconcile.control import spec_window_seconds
 from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.config import FleetConfig
@@ -59,26 +60,30 @@ rolloutpool_router_queue_depth 9.0
 """
 
 
-def _spec(time_scale: float = 10.0) -> object:
+DEAR_KV, DEAR_LEN = 262144, 32768
+"""A cache whose whole read costs more than a read of the weights (not ``cheap_cache_reads``): floor 8, start 14."""
+
+
+def _spec(time_scale: float = 10.0, *, kv_capacity_tokens: int = DEAR_KV, max_model_len: int = DEAR_LEN) -> object:
     return bench_pool_spec(
         replicas=2,
-        max_model_len=8192,
-        kv_capacity_tokens=65536,
+        max_model_len=max_model_len,
+        kv_capacity_tokens=kv_capacity_tokens,
         expected_residency=0.5,
         headroom=0.1,
         time_scale=time_scale,
     )
 
 
-def _engine(*, usage: float, reprefill_free: bool = True) -> EngineScrape:
-    del reprefill_free
+def _engine(*, usage: float, capacity: int = DEAR_KV, itl: tuple[float, float] | None = None) -> EngineScrape:
     return EngineScrape(
         kv_usage=usage,
         waiting=0.0,
         preemptions_total=0.0,
         prefix_hits_total=0.0,
         prefix_queries_total=0.0,
-        kv_capacity_tokens=65536,
+        kv_capacity_tokens=capacity,
+        itl=itl,
     )
 
 
@@ -111,11 +116,16 @@ def test_rate_over_needs_two_points_and_survives_a_counter_reset() -> None:
 
 def test_the_bench_pool_is_the_operators_law_with_the_residency_start() -> None:
     spec = _spec()
-    params = law_params(spec=spec, kv_capacity_tokens=65536)  # type: ignore[arg-type]
+    params = law_params(spec=spec, kv_capacity_tokens=DEAR_KV)  # type: ignore[arg-type]
     assert params.floor == 8
-    assert params.initial == oversubscribed_cap(
-        capacity_tokens=65536, max_model_len=8192, expected_residency=0.5, headroom=0.1, ceiling=None
+    assert (
+        params.initial
+        == 14
+        == oversubscribed_cap(
+            capacity_tokens=DEAR_KV, max_model_len=DEAR_LEN, expected_residency=0.5, headroom=0.1, ceiling=None
+        )
     )
+    assert not cheap_cache_reads(params)  # 262,144 tokens x 144 KiB read at 3 TB/s: 12.9 ms over a 9.5 ms floor
     law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
     assert law.interval_s == 15.0
     assert law.window_s == 120.0  # the law's two minutes of engine time: the simulated seconds the bench steps in
@@ -124,12 +134,41 @@ def test_the_bench_pool_is_the_operators_law_with_the_residency_start() -> None:
     assert [c.replica for c in law.changes] == ["r0", "r1"]
 
 
+def test_the_bench_default_fleet_reads_its_cache_cheaply_and_starts_at_the_ceiling() -> None:
+    spec = _spec(kv_capacity_tokens=65536, max_model_len=8192)  # bench's defaults
+    params = law_params(spec=spec, kv_capacity_tokens=65536)  # type: ignore[arg-type]
+    assert params.step_floor_seconds == CostModel().fixed_step_seconds  # the engine-sims' H100 preset
+    assert params.cache_read_seconds is not None
+    assert params.cache_read_seconds < 0.35 * params.step_floor_seconds
+    assert cheap_cache_reads(params)
+    law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
+    assert {c.cap for c in law.start(now=0.0).values()} == {DEFAULT_CEILING}  # no maxSessionsPerReplica
+    floor = params.step_floor_seconds
+    live = RouterScrape(live_sessions={"r0": 24, "r1": 24}, reprefilled_tokens_total={"r0": 0.0}, queue_depth=0)
+
+    def engines(tokens: float, step: float) -> dict[str, EngineScrape]:
+        return {n: _engine(usage=0.3, capacity=65536, itl=(tokens * step, tokens)) for n in ("r0", "r1")}
+
+    law.step(now=15.0, engines=engines(0.0, floor), router=live)
+    # r0's live sessions re-prefill 5,000 tokens/s (the threshold is 2,000) in steps at 1.5 floors: no pressure
+    evicting = replace(live, reprefilled_tokens_total={"r0": 5000.0 * 15})
+    held = law.step(now=30.0, engines=engines(15_000.0, 1.5 * floor), router=evicting)
+    assert held["r0"].cap == DEFAULT_CEILING
+    assert law.cuts == 0
+    # the same eviction while the mean step over the window is 2.25 floors (re-prefill costs compute now): a cut
+    evicting = replace(live, reprefilled_tokens_total={"r0": 5000.0 * 30})
+    cut = law.step(now=45.0, engines=engines(30_000.0, 2.25 * floor), router=evicting)
+    assert cut["r0"].cap < DEFAULT_CEILING
+    assert cut["r0"].reason == "Evicting"
+    assert law.cuts == 1
+
+
 def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None:
     """The law's thresholds were tuned on the simulator's window: the operator and the bench must take the same one."""
     spec = _spec(time_scale=10.0)
     bench = AdaptiveLaw(spec=spec, names=["r0"])  # type: ignore[arg-type]
     fleet = FleetConfig(scenario=scenario("agentic-grpo"), in_flight=8, replicas=1, num_gpu_blocks=4096)
-    simulated = AdaptiveCaps.for_fleet(fleet, ["r0"], capacity_tokens=65536)
+    simulated = AdaptiveCaps.for_fleet(fleet, ["r0"], capacity_tokens=65536, cost=CostModel())
     engine_seconds = {bench.window_s, simulated.params.rate_window_seconds}
     assert engine_seconds == {RATE_WINDOW_SECONDS}
     real = spec.model_copy(update={"engine": spec.engine.model_copy(update={"simulator": None})})  # type: ignore[attr-defined]

@@ -26,8 +26,10 @@ from rolloutpool.dev.processes import pid_alive
 from rolloutpool.sim.workload import scenario
 
 TIME_SCALE = 50.0
-KV_TOKENS = 65536
-MAX_MODEL_LEN = 8192
+KV_TOKENS = 262144
+MAX_MODEL_LEN = 32768
+"""Floor 8 and a residency start of 14, on a cache whose whole read costs more than the weights' (a cheaper one,
+the bench's default 65,536 tokens, starts at the ceiling: ``rolloutpool.autoscale.cheap_cache_reads``)."""
 
 
 async def _drive(loop: LawLoop, router_url: str, token: str) -> tuple[dict[str, int], dict[str, int], int]:

@@ -132,6 +132,19 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     assert queries["measured_floor"] == (
         f"min by (replica) (max by (replica, pod) (rolloutpool_router_measured_session_floor{{{router}}}))"
     )
+    itl = "vllm:inter_token_latency_seconds"
+    per_pod = "sum by (pod) (max by (pod, engine) (rate({}{{" + engine + "}}[60s])))"
+    assert queries["mean_itl_seconds"].startswith(
+        f"({per_pod.format(itl + '_sum')}) / ({per_pod.format(itl + '_count')}) or ("
+    )  # tokens of every engine of the pod alike; vLLM's older time_per_output_token after the `or`
+    assert "vllm:time_per_output_token_seconds_count" in queries["mean_itl_seconds"]
+
+
+def test_the_mean_inter_token_latency_reaches_the_signals_and_a_0_over_0_is_unknown() -> None:
+    answer = {"mean_itl_seconds": vec("pod", {"a": 0.0125, "b": "NaN"})}
+    signals = assemble_signals(answer, replicas=["a", "b"])
+    assert signals["a"] == ReplicaSignals(mean_itl_seconds=0.0125)
+    assert signals["b"] == ReplicaSignals()  # an engine that generated nothing in the window
 
 
 def test_build_queries_escapes_hostile_names() -> None:

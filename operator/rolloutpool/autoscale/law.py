@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from rolloutpool.routing.eviction_budget import IDLE_PREFIX_USAGE, REPREFILL_BUDGET_TOKENS_PER_S
+from rolloutpool.routing.eviction_budget import IDLE_PREFIX_USAGE, REPREFILL_BUDGET_TOKENS_PER_S, STEP_HEADROOM_RATIO
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
 from rolloutpool.routing.weights import law_holds
 
@@ -22,6 +22,7 @@ __all__ = [
     "MetricsHealth",
     "ReplicaControl",
     "ReplicaSignals",
+    "cheap_cache_reads",
     "classify_health",
     "decide_replica",
     "decide_unobserved",
@@ -71,6 +72,9 @@ class ReplicaSignals:
     ``LawParams.jump_cooldown_seconds`` while the cache is mostly free and nothing is evicted). None: unknown."""
     weight_updates: float | None = None
     """Flushing weight-sync operations the engines ran over the window (``vllm:rl_weight_update_*``)."""
+    mean_itl_seconds: float | None = None
+    """The engine's mean inter-token latency over the window (``rate(vllm:inter_token_latency_seconds_sum)`` over
+    ``rate(..._count)``, engine seconds): the mean step a generated token took."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,14 @@ class LawParams:
     binding_slack: int = 1
     """The cap is raised only while it binds: live sessions at least ``cap - binding_slack`` and new sessions
     queued in the router (each when known). A cap nobody waits for stays put, and keeps the replicas balanced."""
+    step_floor_seconds: float | None = None
+    """What a step of the engine costs whatever it holds (overhead + one read of the weights, engine seconds), as the
+    router's ``--step-floor``; None: unknown (real vLLM), and :func:`cheap_cache_reads` is off."""
+    cache_read_seconds: float | None = None
+    """One read of the replica's whole KV cache over HBM (capacity x KV bytes per token / bandwidth, engine seconds);
+    None: unknown."""
+    headroom_ratio: float = STEP_HEADROOM_RATIO
+    """Steps under this multiple of ``step_floor_seconds`` leave the engine room to compute (the router's mark)."""
 
 
 @dataclass(frozen=True)
@@ -190,9 +202,12 @@ def pressure_reason(signals: ReplicaSignals, params: LawParams) -> PressureReaso
     that follows, and counts only while the KV cache is at least ``queue_kv_usage`` full (when
     the usage is known): requests that wait while blocks are free wait for compute or
     ``max_num_seqs``, which a cut cap does not relieve. Cache churn of finished sessions is not
-    pressure: it shows in none of these; nor does KV usage near the target by itself.
+    pressure: it shows in none of these; nor does KV usage near the target by itself; nor does
+    re-prefill while the steps have room (cheap cache reads and the measured steps under the
+    headroom mark, as the router's eviction budget reads them).
     """
-    if (signals.reprefill_tokens_per_s or 0.0) > params.reprefill_tokens_per_s:
+    reprefill = signals.reprefill_tokens_per_s or 0.0
+    if reprefill > params.reprefill_tokens_per_s and not _steps_have_room(signals, params):
         return PressureReason.EVICTING
     if (signals.preemptions_per_s or 0.0) > params.preemptions_per_s:
         return PressureReason.PREEMPTING
@@ -206,8 +221,34 @@ def _clamp(cap: int, params: LawParams) -> int:
     return max(params.floor, min(params.ceiling, cap))
 
 
+def cheap_cache_reads(params: LawParams) -> bool:
+    """Whether a step that reads the replica's whole KV cache still stays under ``headroom_ratio`` times the step
+    floor (pure): the weights dominate every step, so however many sessions the cache holds, only prefill can make
+    steps dear, and the measured inter-token latency shows it (False when either cost is unknown).
+
+    Then eviction is paid in re-prefill alone: an evicted session's next turn re-prefills in steps that are paid for
+    anyway while the engine has room, and a session held back costs its whole rollout. On ``rolloutpool bench``'s
+    fleet (65,536 KV tokens on the H100 preset) a full read costs 0.34 of the floor and sticky least-loaded, which
+    evicts 60 % of its prefill, serves the most; on the H100 fleet (the preset's whole cache) it costs 2 floors, and
+    there eviction of long contexts is a storm that only a cap prevents.
+    """
+    floor, read = params.step_floor_seconds, params.cache_read_seconds
+    return floor is not None and read is not None and floor + read < params.headroom_ratio * floor
+
+
+def _steps_have_room(signals: ReplicaSignals, params: LawParams) -> bool:
+    """Cheap cache reads (:func:`cheap_cache_reads`) and the replica's mean inter-token latency measured under
+    ``headroom_ratio`` x the step floor: a re-prefill rides in steps paid for anyway (unknown latency: no room)."""
+    itl, floor = signals.mean_itl_seconds, params.step_floor_seconds
+    return cheap_cache_reads(params) and itl is not None and floor is not None and itl < params.headroom_ratio * floor
+
+
 def initial_cap(params: LawParams) -> int:
-    """The cap a replica starts from before the law has decided anything (pure)."""
+    """The cap a replica starts from before the law has decided anything (pure): ``params.initial`` (else the
+    floor), or the ceiling where cache reads are cheap (:func:`cheap_cache_reads`): there a cap protects against
+    preemption and dear steps, which the law sees when they come, not against eviction."""
+    if cheap_cache_reads(params):
+        return params.ceiling
     return _clamp(params.initial if params.initial is not None else params.floor, params)
 
 
@@ -324,7 +365,7 @@ def _raise(
     )  # fmt: skip
     usage = signals.kv_usage
     early = previous.limit is None and _jumps(current, signals, params)
-    idle = previous.limit is None and _evicts_idle(signals, params)
+    idle = previous.limit is None and (_evicts_idle(signals, params) or _rides_free(signals, params))
     cooldown = params.cooldown_seconds
     if early:
         cooldown = min(params.jump_cooldown_seconds, cooldown)
@@ -378,6 +419,12 @@ def _evicts_idle(signals: ReplicaSignals, params: LawParams) -> bool:
         return False
     below = reprefill < params.reprefill_tokens_per_s
     return mean < params.idle_eviction_usage and preemptions == 0.0 and reprefill > 0.0 and below
+
+
+def _rides_free(signals: ReplicaSignals, params: LawParams) -> bool:
+    """Whether the replica's eviction rides in steps that have room (:func:`_steps_have_room`) and nothing is
+    preempted: the slow start climbs as for idle prefixes (unknown preemptions: no)."""
+    return signals.preemptions_per_s == 0.0 and _steps_have_room(signals, params)
 
 
 def _jumps(current: int, signals: ReplicaSignals, params: LawParams) -> bool:

@@ -48,6 +48,7 @@ QUERY_NAMES: Final = (
     "router_sampled_at",
     "weight_updates",
     "measured_floor",
+    "mean_itl_seconds",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -83,6 +84,14 @@ def _engine_sum(expr: str) -> str:
 def _engine_sum_or_old(names: tuple[str, ...], selector_range: str) -> str:
     """The per-pod rate of the first of ``names`` a pod exports (current name first, older ones after)."""
     return " or ".join(_engine_sum(f"rate({name}{selector_range})") for name in names)
+
+
+def _engine_mean_itl(selector_range: str) -> str:
+    """The per-pod mean inter-token latency over the window (every engine's tokens alike), current name first."""
+    return " or ".join(
+        f"({_engine_sum(f'rate({total}{selector_range})')}) / ({_engine_sum(f'rate({count}{selector_range})')})"
+        for total, count in vm.INTER_TOKEN_LATENCY_SAMPLES
+    )
 
 
 def _router_sum(expr: str) -> str:
@@ -133,6 +142,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         ),
         # each router measures its own finished sessions: the most conservative router's floor
         "measured_floor": f"min by (replica) (max by (replica, pod) ({MEASURED_FLOOR}{{{router}}}))",
+        "mean_itl_seconds": _engine_mean_itl(f"{{{engine}}}[{w}]"),
     }
 
 
@@ -199,6 +209,7 @@ def assemble_signals(
             "prefix_hit_ratio",
             "engine_sampled_at",
             "weight_updates",
+            "mean_itl_seconds",
         )
     }
     by_replica = {
@@ -230,6 +241,7 @@ def assemble_signals(
             live_sessions=None if live is None else round(live),
             sampled_at=max(times) if times else None,
             weight_updates=_finite(by_pod["weight_updates"].get(replica)),
+            mean_itl_seconds=_finite(by_pod["mean_itl_seconds"].get(replica)),
             kv_cap=None if floor is None or floor < 1 else int(floor),
         )
     return signals

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rolloutpool.api.spec import RolloutPoolSpec
+from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.autoscale.law import (
     LawParams,
@@ -33,7 +33,7 @@ from rolloutpool.capacity import (
     kv_bytes_per_token,
     session_caps,
 )
-from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.engine.model.cost import CostModel, hardware_preset
 from rolloutpool.reconcile.labels import MAX_POOL_NAME_LENGTH
 from rolloutpool.routing.pressure import pressure_reason_named
 
@@ -46,6 +46,7 @@ __all__ = [
     "parse_spec",
     "plan_controls",
     "replica_caps",
+    "simulated_cost",
 ]
 
 DEFAULT_CEILING = 100_000
@@ -62,6 +63,14 @@ def _error_path(loc: tuple[int | str, ...]) -> str:
     return "spec" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
 
 
+def simulated_cost(spec: RolloutPoolSpec) -> CostModel | None:
+    """The engine-sims' step-time model (their hardware preset's); None for vLLM, whose costs are unknown (pure)."""
+    engine = spec.engine
+    if engine.kind != "simulated":
+        return None
+    return hardware_preset((engine.simulator or SimulatorSpec()).hardware).cost
+
+
 def estimated_kv_capacity_tokens(spec: RolloutPoolSpec) -> int | None:
     """KV capacity per replica the spec implies before an engine reports it; None when unknown (pure).
 
@@ -73,8 +82,7 @@ def estimated_kv_capacity_tokens(spec: RolloutPoolSpec) -> int | None:
     if engine.kv_capacity_tokens is not None:
         return engine.kv_capacity_tokens
     if engine.kind == "simulated":
-        hardware = engine.simulator.hardware if engine.simulator else "h100-80gb"
-        return hardware_preset(hardware).kv_capacity_tokens
+        return hardware_preset((engine.simulator or SimulatorSpec()).hardware).kv_capacity_tokens
     preset = MODEL_PRESETS.get(engine.model.rsplit("/", 1)[-1].lower())
     shape = engine.model_shape
     if shape is not None:
@@ -152,7 +160,10 @@ def law_params(*, spec: RolloutPoolSpec, kv_capacity_tokens: int) -> LawParams:
     caps = replica_caps(spec=spec, kv_capacity_tokens=kv_capacity_tokens)
     assert caps is not None  # noqa: S101 -- a capacity was given
     autoscaling = spec.autoscaling
+    cost = simulated_cost(spec)  # the step floor and a whole cache's read: known for engine-sims only
     return LawParams(
+        step_floor_seconds=None if cost is None else cost.fixed_step_seconds,
+        cache_read_seconds=None if cost is None else cost.kv_read_seconds(kv_capacity_tokens),
         floor=caps.floor,
         ceiling=caps.ceiling if caps.ceiling is not None else max(DEFAULT_CEILING, caps.floor),
         initial=caps.initial,

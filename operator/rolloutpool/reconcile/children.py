@@ -17,7 +17,7 @@ from typing import Any
 
 from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import API_GROUP, PLURAL
-from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.reconcile.caps import simulated_cost
 from rolloutpool.reconcile.engine_pod import apply_engine_fields
 from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
@@ -270,9 +270,9 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         budget = EvictionBudgetConfig().scaled(simulator.time_scale)
         args.append(f"--reprefill-budget={_number(budget.reprefill_tokens_per_s)}")
         args.append(f"--reprefill-budget-window={_number(budget.window_seconds)}")
-    if spec.engine.kind == "simulated":  # the engine-sims' step floor is their cost model's (real vLLM: unknown)
-        floor = hardware_preset((simulator or SimulatorSpec()).hardware).cost.fixed_step_seconds
-        args.append(f"--step-floor={_number(floor)}")
+    cost = simulated_cost(spec)
+    if cost is not None:  # the engine-sims' step floor is their cost model's (real vLLM: unknown)
+        args.append(f"--step-floor={_number(cost.fixed_step_seconds)}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl

@@ -58,7 +58,13 @@ from rolloutpool.routing.window import WindowSum
 _Sample = TypeVar("_Sample", tuple[float, float], tuple[float, float, float])
 """A timed sample: its time first."""
 
-__all__ = ["IDLE_PREFIX_USAGE", "REPREFILL_BUDGET_TOKENS_PER_S", "EvictionBudget", "EvictionBudgetConfig"]
+__all__ = [
+    "IDLE_PREFIX_USAGE",
+    "REPREFILL_BUDGET_TOKENS_PER_S",
+    "STEP_HEADROOM_RATIO",
+    "EvictionBudget",
+    "EvictionBudgetConfig",
+]
 
 REPREFILL_BUDGET_TOKENS_PER_S = 2000.0
 """Evicted re-prefill of live sessions (tokens/s per replica) above which eviction is pressure: the router's
@@ -69,6 +75,11 @@ IDLE_PREFIX_USAGE = 0.25
 quarter of the cache, the rest is prefixes of sessions in their tool calls. The router's budget
 (``EvictionBudgetConfig.idle_usage``, the fleet's mean) and the control law (``LawParams.idle_eviction_usage``, each
 replica's) use the same mark."""
+
+STEP_HEADROOM_RATIO = 2.0
+"""Mean inter-token latency, as a multiple of a step's floor (overhead + one read of the weights), under which the
+engines have room to compute: the router's budget (``EvictionBudgetConfig.headroom_ratio``) and the control law
+(``LawParams.headroom_ratio``) use the same mark."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ class EvictionBudgetConfig:
     step_floor_seconds: float | None = None
     """A step's fixed cost in engine seconds (overhead + one weight read: ``CostModel.fixed_step_seconds`` for
     engine-sims); None: unknown, no headroom rule."""
-    headroom_ratio: float = 2.0
+    headroom_ratio: float = STEP_HEADROOM_RATIO
     """The fleet's mean inter-token latency under this multiple of ``step_floor_seconds``: the engines have room."""
 
     def __post_init__(self) -> None:

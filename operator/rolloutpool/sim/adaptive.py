@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica, initial_cap
 from rolloutpool.capacity import conservative_cap, oversubscribed_cap
 from rolloutpool.engine.model.core import Engine
+from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.reconcile.control import window_seconds
 from rolloutpool.sim.config import FleetConfig
 
@@ -45,6 +46,8 @@ class _Scrape:
     queries: int
     reprefill: int
     usage: float
+    token_step_seconds: float
+    tokens: int
 
 
 class AdaptiveCaps:
@@ -64,12 +67,13 @@ class AdaptiveCaps:
         """Weight updates within the law's window (``now=``, ``window_s=``), as the engines' metrics show them."""
 
     @classmethod
-    def for_fleet(cls, config: FleetConfig, names: list[str], capacity_tokens: int) -> AdaptiveCaps:
+    def for_fleet(cls, config: FleetConfig, names: list[str], capacity_tokens: int, *, cost: CostModel) -> AdaptiveCaps:
         """The law of a simulated fleet: ``config.law``, else the operator's defaults for this fleet.
 
         Those are: floor = KV capacity // maxModelLen, ceiling = ``max_num_seqs``, start at the cap the
         spec's ``expectedResidency`` and ``headroom`` give (the operator's ``law_params``), rates and means over the
-        operator's window for ``config.control_interval_s``; nothing else.
+        operator's window for ``config.control_interval_s``, the engines' step floor and the read of a whole cache
+        from their ``cost`` (as the operator takes them for engine-sims); nothing else.
         """
         max_len = config.scenario.max_model_len
         floor = conservative_cap(capacity_tokens=capacity_tokens, max_model_len=max_len)
@@ -82,7 +86,10 @@ class AdaptiveCaps:
             ceiling=ceiling,
         )
         window = window_seconds(config.control_interval_s)  # the operator's rate window (engine seconds)
-        params = config.law or LawParams(floor=floor, ceiling=ceiling, initial=initial, rate_window_seconds=window)
+        params = config.law or LawParams(
+            floor=floor, ceiling=ceiling, initial=initial, rate_window_seconds=window,
+            step_floor_seconds=cost.fixed_step_seconds, cache_read_seconds=cost.kv_read_seconds(capacity_tokens),
+        )  # fmt: skip
         return cls(names=names, params=params, capacity_tokens=capacity_tokens)
 
     def _signals(
@@ -90,13 +97,15 @@ class AdaptiveCaps:
     ) -> ReplicaSignals:
         c = engine.counters
         scrapes = self._scrapes[name]
-        scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill, engine.pool.usage))
+        usage, step_s, tokens = engine.pool.usage, c.token_step_seconds, c.generation_tokens
+        scrapes.append(_Scrape(now, c.preemptions, c.prefix_hits, c.prefix_queries, reprefill, usage, step_s, tokens))
         while scrapes and scrapes[0].t < now - self.params.rate_window_seconds - 1e-9:
             scrapes.popleft()
         first, last = scrapes[0], scrapes[-1]
         span = last.t - first.t
         rate = (lambda a, b: (b - a) / span) if span > 0 else (lambda a, b: None)
         queries = last.queries - first.queries
+        tokens = last.tokens - first.tokens
         return ReplicaSignals(
             kv_usage=engine.pool.usage,
             kv_usage_mean=sum(s.usage for s in scrapes) / len(scrapes),
@@ -109,6 +118,7 @@ class AdaptiveCaps:
             queued_sessions=queued,
             sampled_at=now,
             kv_cap=kv_cap,
+            mean_itl_seconds=(last.token_step_seconds - first.token_step_seconds) / tokens if tokens > 0 else None,
             weight_updates=None
             if self.weight_updates is None
             else self.weight_updates(now=now, window_s=self.params.rate_window_seconds),

@@ -97,7 +97,7 @@ class _Fleet:
         self.block_size = ecfg.block_size
         self.names = [f"r{i}" for i in range(config.replicas)]
         self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
-        self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity) if adaptive else None
+        self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity, cost=ecfg.cost) if adaptive else None
         ours = isinstance(policy, SessionAware)  # the router we ship: its caps and its fast quarantine
         rule = CapRule()  # the peers' policies: no caps
         if ours:

@@ -59,6 +59,9 @@ class EngineScrape:
     prefix_hits_total: float
     prefix_queries_total: float
     kv_capacity_tokens: int | None
+    itl: tuple[float, float] | None = None
+    """The inter-token latency histogram's ``(_sum, _count)``, summed over the pod's engines (vLLM's older
+    ``time_per_output_token`` where the current name is absent); None: neither exported."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,12 @@ def parse_engine_scrape(text: str) -> EngineScrape:
     gauges: dict[str, float] = {}
     counters = {"preemptions": 0.0, "hits": 0.0, "queries": 0.0}
     capacity: int | None = None
+    itl = {name: 0.0 for pair in vm.INTER_TOKEN_LATENCY_SAMPLES for name in pair}
+    seen: set[str] = set()
     for name, labels, value in samples(text):
+        if name in itl:
+            itl[name] += value
+            seen.add(name)
         if name == vm.KV_CACHE_USAGE:  # max over a pod's engines, as the operator's query
             gauges[name] = max(gauges.get(name, 0.0), value)
         elif name == vm.NUM_REQUESTS_WAITING:  # summed over a pod's engines
@@ -100,6 +108,7 @@ def parse_engine_scrape(text: str) -> EngineScrape:
         prefix_hits_total=counters["hits"],
         prefix_queries_total=counters["queries"],
         kv_capacity_tokens=capacity,
+        itl=next(((itl[s], itl[c]) for s, c in vm.INTER_TOKEN_LATENCY_SAMPLES if s in seen and c in seen), None),
     )
 
 
@@ -275,6 +284,7 @@ class AdaptiveLaw:
             hits = self._rate(name, "hits", now, engine.prefix_hits_total)
             queries = self._rate(name, "queries", now, engine.prefix_queries_total)
             reprefill = router.reprefilled_tokens_total.get(name)
+            itl = None if engine.itl is None else self._mean_itl(name, now, engine.itl)
             signals[name] = ReplicaSignals(
                 kv_usage=engine.kv_usage,
                 kv_usage_mean=None if engine.kv_usage is None else self._mean(name, now, engine.kv_usage),
@@ -286,8 +296,14 @@ class AdaptiveLaw:
                 live_sessions=router.live_sessions.get(name),
                 sampled_at=now,
                 kv_cap=router.measured_floor.get(name),
+                mean_itl_seconds=itl,
             )
         return signals
+
+    def _mean_itl(self, name: str, now: float, itl: tuple[float, float]) -> float | None:
+        """``rate(_sum) / rate(_count)`` of the latency histogram over the window; None without a token in it."""
+        seconds, tokens = self._rate(name, "itl_sum", now, itl[0]), self._rate(name, "itl_count", now, itl[1])
+        return seconds / tokens if seconds is not None and tokens else None
 
     def step(
         self, *, now: float, engines: Mapping[str, EngineScrape], router: RouterScrape

@@ -39,6 +39,10 @@ class CostModel:
         """What every step costs whatever it holds: the overhead and one read of the weights (the floor of a step)."""
         return self.step_overhead_s + self.weight_bytes / self.hbm_bytes_per_s
 
+    def kv_read_seconds(self, tokens: int) -> float:
+        """One read of ``tokens`` tokens' KV over HBM (a step that reads a whole cache of ``tokens`` pays this)."""
+        return tokens * self.kv_bytes_per_token / self.hbm_bytes_per_s
+
     def step_seconds(self, *, prefill_tokens: int, kv_tokens_read: int) -> float:
         """Duration of one step."""
         read = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token
