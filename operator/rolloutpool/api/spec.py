@@ -291,7 +291,8 @@ class ConcurrencySpec(SpecModel):
     """Mean fraction of ``maxModelLen`` a live session keeps resident: the starting cap,
     ``capacity / (maxModelLen x residency) x (1 - headroom)``, until the router has measured contexts (1.0
     starts at the conservative floor). Without autoscaling the router's KV admission then follows the
-    measured contexts; with it, the control law starts here. ``maxSessionsPerReplica`` is the hard limit."""
+    measured contexts; with it, the control law starts here (simulated engines whose whole KV cache reads in
+    under a step's floor start at the law's ceiling). ``maxSessionsPerReplica`` is the hard limit."""
 
     headroom: float = Field(default=0.1, ge=0.0, le=0.9)
     """Fraction of the oversubscribed cap kept free as a safety margin."""
