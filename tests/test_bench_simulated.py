@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from rolloutpool.autoscale import initial_cap
 from rolloutpool.cli.bench import bench_command
 from rolloutpool.dev.bench.runner import BenchConfig, scaled_scenario
 from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
+from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.sim.adaptive import AdaptiveCaps
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.workload import scenario
 
@@ -65,3 +69,13 @@ def test_bench_simulate_starts_no_process_and_writes_the_table(tmp_path: Path) -
     assert "| vllm-sticky-least-loaded | sticky-least-loaded |" in text
     assert "Not modelled by the simulator: vllm-program." in text
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_the_simulators_law_starts_at_its_ceiling_only_where_the_whole_cache_reads_cheaply() -> None:
+    cheap = fleet_config(_config(time_scale=4.0, duration_s=60.0, load=3.0))  # the bench's 65,536 tokens
+    result = simulate_policy(cheap, "rolloutpool-adaptive")
+    first = [p for p in result.control if p.t == result.control[0].t]
+    assert {p.cap for p in first} == {cheap.max_num_seqs}  # the law's ceiling in the simulator
+    dear = replace(cheap, num_gpu_blocks=262144 // 16, duration_s=30.0)  # a whole read: 12.9 ms over a 9.5 ms floor
+    start = AdaptiveCaps.for_fleet(dear, ["r0"], 262144, cost=CostModel())
+    assert initial_cap(start.params) == start.params.initial < dear.max_num_seqs
