@@ -243,6 +243,9 @@ def test_adaptive_router_gets_the_admin_token_file() -> None:
     assert "--step-floor" not in argv  # none given
     floored = our_router_argv(replace(launch, step_floor_seconds=0.0095), prefix=["rolloutpool"])
     assert floored[floored.index("--step-floor") + 1] == "0.0095"
+    assert "--kv-read-cost" not in floored
+    read = our_router_argv(replace(launch, kv_read_seconds_per_token=4.9152e-08), prefix=["rolloutpool"])
+    assert read[read.index("--kv-read-cost") + 1] == "4.9152e-08"
 
 
 def test_queued_mean_integrates_the_wait_for_a_first_response_inside_the_window() -> None:

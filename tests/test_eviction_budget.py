@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rolloutpool.routing.caps import CapRule
@@ -166,7 +168,7 @@ def test_a_faster_engine_takes_a_scaled_budget_and_bad_settings_are_refused() ->
     assert scaled.step_seconds == 1.0
     bads = (
         {"reprefill_tokens_per_s": 0.0}, {"window_seconds": -1.0}, {"grow_below": 1.5}, {"step_factor": 1.0},
-        {"step_floor_seconds": 0.0}, {"headroom_ratio": 1.0},
+        {"step_floor_seconds": 0.0}, {"headroom_ratio": 1.0}, {"kv_read_seconds_per_token": 0.0},
     )  # fmt: skip
     for bad in (*bads, {"idle_usage": -0.1}, {"idle_usage": 1.5}):
         with pytest.raises(ValueError, match="eviction budget"):
@@ -233,6 +235,32 @@ def test_cheap_eviction_lets_queued_sessions_in_and_costly_eviction_takes_the_ro
     for t in (80.0, 90.0, 100.0):
         ledger.refresh_kv(now=t)
     assert ledger.budget.scale == 1.0
+
+
+def test_a_replica_that_reads_its_whole_cache_cheaply_admits_up_to_the_ceiling_not_by_projection() -> None:
+    per_token = 0.01 / CAPACITY  # a whole read of the 65,536-token cache: 10 ms
+    cheap = EvictionBudgetConfig(window_seconds=WINDOW, step_floor_seconds=0.0125, kv_read_seconds_per_token=per_token)
+    assert cheap.reads_cheaply(CAPACITY)  # 12.5 + 10 ms under 2 x 12.5 ms
+    assert not cheap.reads_cheaply(2 * CAPACITY)  # 12.5 + 20 ms: the cache's reads can double a step
+    assert not replace(cheap, kv_read_seconds_per_token=None).reads_cheaply(CAPACITY)  # unknown: no
+    assert not replace(cheap, step_floor_seconds=None).reads_cheaply(CAPACITY)
+    config = LedgerConfig(caps=CapRule(max_model_len=MAX_LEN, ceiling=40), eviction_budget=cheap)
+
+    def ledger_of(capacity: int) -> Ledger:
+        ledger = Ledger(config, policy=SessionAware())
+        ledger.add_replica("a", now=0.0, capacity_tokens=capacity)
+        return ledger
+
+    ledger = ledger_of(CAPACITY)
+    assert ledger.cap_of("a") == 40  # the ceiling, where the projection holds a handful of 8k sessions
+    for i in range(40):
+        arrival = ledger.arrive(Placement(f"s{i}"), now=0.0)
+        assert isinstance(arrival, Bound)
+        _first(ledger, arrival.session)
+    assert isinstance(ledger.arrive(Placement("s40"), now=0.0), Queued)  # the ceiling binds
+    assert (ledger_of(2 * CAPACITY).cap_of("a") or 0) < 40  # dear reads: the projection still decides
+    ledger.set_operator_limit("a", OperatorLimit(cap=4, quarantined=False, reason=None), now=0.0)
+    assert ledger.cap_of("a") == 4  # an operator cap still wins
 
 
 def test_the_budget_stays_out_of_a_replica_the_operator_caps() -> None:

@@ -11,7 +11,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from rolloutpool.routing.eviction_budget import IDLE_PREFIX_USAGE, REPREFILL_BUDGET_TOKENS_PER_S, STEP_HEADROOM_RATIO
+from rolloutpool.routing.eviction_budget import (
+    IDLE_PREFIX_USAGE,
+    REPREFILL_BUDGET_TOKENS_PER_S,
+    STEP_HEADROOM_RATIO,
+    reads_cheaply,
+)
 from rolloutpool.routing.pressure import PressureReason, pressure_reason_named
 from rolloutpool.routing.weights import law_holds
 
@@ -232,8 +237,11 @@ def cheap_cache_reads(params: LawParams) -> bool:
     evicts 60 % of its prefill, serves the most; on the H100 fleet (the preset's whole cache) it costs 2 floors, and
     there eviction of long contexts is a storm that only a cap prevents.
     """
-    floor, read = params.step_floor_seconds, params.cache_read_seconds
-    return floor is not None and read is not None and floor + read < params.headroom_ratio * floor
+    return reads_cheaply(
+        step_floor_seconds=params.step_floor_seconds,
+        cache_read_seconds=params.cache_read_seconds,
+        headroom_ratio=params.headroom_ratio,
+    )
 
 
 def _steps_have_room(signals: ReplicaSignals, params: LawParams) -> bool:

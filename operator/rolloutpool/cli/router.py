@@ -59,6 +59,15 @@ __all__ = ["router_command"]
     help="An engine step's fixed cost (overhead + one read of the weights, engine seconds): while the engines' mean "
     "inter-token latency stays under twice it, measured eviction does not stop the budget's rise. Unset: off.",
 )
+@click.option(
+    "--kv-read-cost",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="What an engine step spends reading one token's KV (KV bytes per token / HBM bandwidth, engine seconds). "
+    "With --step-floor: a replica whose whole cache reads in under the floor admits up to --cap-ceiling instead of "
+    "by projected KV tokens (eviction there costs re-prefill alone). Unset: off.",
+)
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
 @click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
 @click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
@@ -112,6 +121,7 @@ def router_command(
     reprefill_budget: float,
     reprefill_budget_window: float,
     step_floor: float | None,
+    kv_read_cost: float | None,
     idle_timeout: float,
     queue_max: int,
     queue_timeout: float,
@@ -168,6 +178,7 @@ def router_command(
                 reprefill_tokens_per_s=reprefill_budget,
                 window_seconds=reprefill_budget_window,
                 step_floor_seconds=step_floor,
+                kv_read_seconds_per_token=kv_read_cost,
             )
             if reprefill_budget > 0
             else None,

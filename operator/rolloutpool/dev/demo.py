@@ -59,9 +59,11 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.
                 "kvCapacityTokens": 32768,
                 "simulator": {"hardware": "h100-80gb", "timeScale": time_scale},
             },
-            # the law starts from the cap expectedResidency gives; 1.0 starts it at the conservative floor (4),
-            # so the demo shows the climb, the overshoot and the quarantine
-            "concurrency": {"expectedResidency": 1.0, "headroom": 0.1},
+            # these engine-sims read their whole cache (32,768 tokens) in a sixth of a step's floor, so the law
+            # starts at its ceiling (autoscale.cheap_cache_reads): 16 sessions per replica, the demo's 48 rollouts
+            # over 3 replicas, so the demo shows the overshoot, the cut and the quarantine on a readable scale.
+            # (1.0 would start a pool whose cache reads are dear at the conservative floor, 4.)
+            "concurrency": {"expectedResidency": 1.0, "headroom": 0.1, "maxSessionsPerReplica": 16},
             "router": {"replicas": 1, "idleTimeoutSeconds": 30, "queueTimeoutSeconds": 30},
             "autoscaling": {
                 "enabled": True,

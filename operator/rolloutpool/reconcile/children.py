@@ -271,8 +271,9 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         args.append(f"--reprefill-budget={_number(budget.reprefill_tokens_per_s)}")
         args.append(f"--reprefill-budget-window={_number(budget.window_seconds)}")
     cost = simulated_cost(spec)
-    if cost is not None:  # the engine-sims' step floor is their cost model's (real vLLM: unknown)
+    if cost is not None:  # the engine-sims' step floor and KV read are their cost model's (real vLLM: unknown)
         args.append(f"--step-floor={_number(cost.fixed_step_seconds)}")
+        args.append(f"--kv-read-cost={_number(cost.kv_read_seconds(1))}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl

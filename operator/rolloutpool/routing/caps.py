@@ -57,12 +57,16 @@ def effective_cap(
     operator_cap: int | None = None,
     live: int = 0,
     kv_room: int | None = None,
+    reads_cheaply: bool = False,
 ) -> int | None:
     """The live-session cap a replica gets; None means no limit (pure).
 
     ``replica_cap`` is the replica's own fixed cap, ``capacity_tokens`` its reported KV capacity
     (None: not reported yet), ``operator_cap`` what the operator decided (None: nothing yet),
     ``live`` its live sessions and ``kv_room`` how many more its projected KV tokens hold (None: not projected).
+    ``reads_cheaply``: the replica reads its whole cache in under a step's floor
+    (:func:`rolloutpool.routing.eviction_budget.reads_cheaply`), so under KV admission its derived cap is
+    ``ceiling`` (unlimited without one): eviction there costs re-prefill alone, which the engines have room for.
     """
     fixed = replica_cap if replica_cap is not None else rule.fixed
     if fixed is not None:
@@ -73,8 +77,8 @@ def effective_cap(
         return _tighter(operator_cap, rule.ceiling)
     if capacity_tokens is None:
         return 0
-    if rule.kv_admission and kv_room is not None:
-        return _tighter(live + kv_room, rule.ceiling)
+    if rule.kv_admission and (reads_cheaply or kv_room is not None):
+        return rule.ceiling if reads_cheaply else _tighter(live + (kv_room or 0), rule.ceiling)
     return oversubscribed_cap(
         capacity_tokens=capacity_tokens,
         max_model_len=rule.max_model_len,

@@ -64,6 +64,7 @@ __all__ = [
     "STEP_HEADROOM_RATIO",
     "EvictionBudget",
     "EvictionBudgetConfig",
+    "reads_cheaply",
 ]
 
 REPREFILL_BUDGET_TOKENS_PER_S = 2000.0
@@ -80,6 +81,16 @@ STEP_HEADROOM_RATIO = 2.0
 """Mean inter-token latency, as a multiple of a step's floor (overhead + one read of the weights), under which the
 engines have room to compute: the router's budget (``EvictionBudgetConfig.headroom_ratio``) and the control law
 (``LawParams.headroom_ratio``) use the same mark."""
+
+
+def reads_cheaply(*, step_floor_seconds: float | None, cache_read_seconds: float | None, headroom_ratio: float) -> bool:
+    """Whether a step that reads a replica's whole KV cache (``cache_read_seconds``) stays under ``headroom_ratio``
+    times the step floor (pure; False when either is unknown). Then the weights dominate every step whatever the
+    cache holds, eviction costs re-prefill alone, and sticky least-loaded, which admits everyone, serves the most:
+    the control law starts at its ceiling there (``autoscale.cheap_cache_reads``) and the router's KV admission
+    gives way to its ceiling (:meth:`EvictionBudgetConfig.reads_cheaply`)."""
+    floor, read = step_floor_seconds, cache_read_seconds
+    return floor is not None and read is not None and floor + read < headroom_ratio * floor
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,9 @@ class EvictionBudgetConfig:
     engine-sims); None: unknown, no headroom rule."""
     headroom_ratio: float = STEP_HEADROOM_RATIO
     """The fleet's mean inter-token latency under this multiple of ``step_floor_seconds``: the engines have room."""
+    kv_read_seconds_per_token: float | None = None
+    """What a step spends reading one token's KV (KV bytes per token / HBM bandwidth, engine seconds:
+    ``CostModel.kv_read_seconds(1)`` for engine-sims); None: unknown, no replica reads cheaply."""
 
     def __post_init__(self) -> None:
         if not (self.reprefill_tokens_per_s > 0 and self.window_seconds > 0):
@@ -113,6 +127,16 @@ class EvictionBudgetConfig:
             raise ValueError("eviction budget: idle_usage in [0, 1]")
         if (self.step_floor_seconds is not None and self.step_floor_seconds <= 0) or self.headroom_ratio <= 1:
             raise ValueError("eviction budget: step_floor_seconds must be positive and headroom_ratio over 1")
+        if self.kv_read_seconds_per_token is not None and self.kv_read_seconds_per_token <= 0:
+            raise ValueError("eviction budget: kv_read_seconds_per_token must be positive")
+
+    def reads_cheaply(self, capacity_tokens: int) -> bool:
+        """Whether a replica of ``capacity_tokens`` reads its whole cache cheaply (:func:`reads_cheaply`)."""
+        per_token = self.kv_read_seconds_per_token
+        read = None if per_token is None else capacity_tokens * per_token
+        return reads_cheaply(
+            step_floor_seconds=self.step_floor_seconds, cache_read_seconds=read, headroom_ratio=self.headroom_ratio
+        )
 
     @property
     def step_seconds(self) -> float:

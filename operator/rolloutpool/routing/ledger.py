@@ -147,10 +147,12 @@ class Ledger:
         limits = self.limits[name]
         replica = self.table.replicas.get(name)
         room = None
+        cheap = False
         if self.kv is not None and limits.capacity_tokens is not None:
             budget = self._budget_of(name)
             scale = 1.0 if budget is None else budget.scale
             room = self.kv.room(name, capacity_tokens=limits.capacity_tokens, scale=scale)
+            cheap = budget is not None and budget.config.reads_cheaply(limits.capacity_tokens)
         return effective_cap(
             self.config.caps,
             replica_cap=limits.fixed_cap,
@@ -158,6 +160,7 @@ class Ledger:
             operator_cap=None if limits.operator is None else limits.operator.cap,
             live=0 if replica is None else replica.live,
             kv_room=room,
+            reads_cheaply=cheap,
         )
 
     def _budget_of(self, name: str) -> EvictionBudget | None:

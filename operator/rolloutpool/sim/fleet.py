@@ -110,8 +110,12 @@ class _Fleet:
             )
         quarantine = config.quarantine if ours else None
         budget = config.eviction_budget if ours else None
-        if budget is not None and budget.step_floor_seconds is None:  # as the operator passes it for engine-sims
-            budget = replace(budget, step_floor_seconds=ecfg.cost.fixed_step_seconds)
+        if budget is not None and budget.step_floor_seconds is None:  # as the operator passes them for engine-sims
+            budget = replace(
+                budget,
+                step_floor_seconds=ecfg.cost.fixed_step_seconds,
+                kv_read_seconds_per_token=ecfg.cost.kv_read_seconds(1),
+            )
         self.ledger = Ledger(
             LedgerConfig(
                 caps=rule,

@@ -82,6 +82,8 @@ class RouterLaunch:
     """New (uncached) tokens of a typical returning turn: calibrates ``decode_throughput_alpha``."""
     step_floor_seconds: float | None = None
     """The engine-sims' fixed step cost (engine seconds) for our router's ``--step-floor``; None: not passed."""
+    kv_read_seconds_per_token: float | None = None
+    """The engine-sims' read of one KV token per step (engine seconds) for ``--kv-read-cost``; None: not passed."""
     prometheus_port: int = 0
     """vllm-router's metrics port (it binds one; never its default 29000)."""
     admin_token_file: str | None = None
@@ -101,6 +103,8 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
         argv += ["--reprefill-budget-window", f"{budget.window_seconds:g}"]
         if launch.step_floor_seconds is not None:
             argv += ["--step-floor", f"{launch.step_floor_seconds:g}"]
+        if launch.kv_read_seconds_per_token is not None:
+            argv += ["--kv-read-cost", f"{launch.kv_read_seconds_per_token:g}"]
     argv += [
         "--scrape-interval", str(launch.scrape_interval_s),
         "--queue-timeout", str(launch.queue_timeout_s),

@@ -305,6 +305,7 @@ def _launch(
         headroom=config.headroom,
         typical_prefill_tokens=config.typical_prefill_tokens,
         step_floor_seconds=hardware_preset(ENGINE_HARDWARE).cost.fixed_step_seconds,
+        kv_read_seconds_per_token=hardware_preset(ENGINE_HARDWARE).cost.kv_read_seconds(1),
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
     )
