@@ -27,6 +27,7 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.autoscale import ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import plan_controls
 from rolloutpool.reconcile.control import MetricsRead, remember_read, window_seconds
+from rolloutpool.router.scrape import parse_signals
 
 __all__ = [
     "AdaptiveLaw",
@@ -80,12 +81,7 @@ def parse_engine_scrape(text: str) -> EngineScrape:
     gauges: dict[str, float] = {}
     counters = {"preemptions": 0.0, "hits": 0.0, "queries": 0.0}
     capacity: int | None = None
-    itl = {name: 0.0 for pair in vm.INTER_TOKEN_LATENCY_SAMPLES for name in pair}
-    seen: set[str] = set()
     for name, labels, value in samples(text):
-        if name in itl:
-            itl[name] += value
-            seen.add(name)
         if name == vm.KV_CACHE_USAGE:  # max over a pod's engines, as the operator's query
             gauges[name] = max(gauges.get(name, 0.0), value)
         elif name == vm.NUM_REQUESTS_WAITING:  # summed over a pod's engines
@@ -108,7 +104,7 @@ def parse_engine_scrape(text: str) -> EngineScrape:
         prefix_hits_total=counters["hits"],
         prefix_queries_total=counters["queries"],
         kv_capacity_tokens=capacity,
-        itl=next(((itl[s], itl[c]) for s, c in vm.INTER_TOKEN_LATENCY_SAMPLES if s in seen and c in seen), None),
+        itl=parse_signals(text).itl,  # the router's reading of the histogram, older name included
     )
 
 

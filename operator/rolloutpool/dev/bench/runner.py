@@ -293,6 +293,7 @@ def _launch(
     max_model_len: int | None,
     admin_token_file: str | None = None,
 ) -> RouterLaunch:
+    cost = hardware_preset(ENGINE_HARDWARE).cost  # the engine-sims' step floor and KV read
     return RouterLaunch(
         replica_urls=tuple(engine_urls),
         port=free_port(),
@@ -304,8 +305,8 @@ def _launch(
         residency=config.residency,
         headroom=config.headroom,
         typical_prefill_tokens=config.typical_prefill_tokens,
-        step_floor_seconds=hardware_preset(ENGINE_HARDWARE).cost.fixed_step_seconds,
-        kv_read_seconds_per_token=hardware_preset(ENGINE_HARDWARE).cost.kv_read_seconds(1),
+        step_floor_seconds=cost.fixed_step_seconds,
+        kv_read_seconds_per_token=cost.kv_read_seconds(1),
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
     )
