@@ -217,3 +217,20 @@ def test_the_measured_floor_is_worked_out_once_per_change_not_once_per_replica(
     kv.turn_finished("live", "a", context=2500)
     kv.measured_floor(capacity_tokens=CAPACITY)
     assert len(calls) == 2  # a context moved: worked out again
+
+
+def test_a_larger_growth_share_projects_more_and_admits_fewer() -> None:
+    lean, wide = _ledger(), _ledger(growth_share=0.5)
+    assert wide.kv is not None
+    assert wide.kv.config.growth_share == 0.5
+    for ledger in (lean, wide):
+        for i in range(60):
+            _rollout(ledger, f"s{i}", [2000, 8000, 20000], now=float(i))
+        for i in range(8):  # young live sessions: most of their growth is ahead of them
+            arrival = ledger.arrive(Placement(f"live{i}"), now=100.0)
+            assert isinstance(arrival, Bound)
+            ledger.turn_started(arrival.session)
+            ledger.finish_turn(arrival.session, now=100.0, usage=Usage(1900, 100, None))
+            ledger.turn_ended(arrival.session, now=100.0)
+        ledger.refresh_kv(now=101.0)
+    assert (lean.cap_of("a") or 0) > (wide.cap_of("a") or 0) > 8

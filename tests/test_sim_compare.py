@@ -11,11 +11,13 @@ from rolloutpool.sim.compare import (
     NO_EVICTION,
     CompareRow,
     best_fixed,
+    budgets_markdown,
     compare_jobs,
     every_session_resident,
     load_rows,
     rows_json,
     summary_markdown,
+    variant,
 )
 from rolloutpool.sim.compare import _main as compare_main
 from rolloutpool.sim.config import FleetConfig
@@ -86,3 +88,45 @@ def test_the_no_eviction_bound_is_sticky_least_loaded_on_a_pool_that_holds_every
     assert bound.config == every_session_resident(sticky.config)
     assert (bound.config.num_gpu_blocks - 1) * 16 >= (sticky.config.in_flight + 1) * 32_768  # all on one replica
     assert sticky.config.num_gpu_blocks == 16_384
+
+
+def test_a_kv_budget_variant_is_the_projection_alone_at_its_headroom_and_growth_share() -> None:
+    assert variant("kv-budget:-0.2:0.3") == (
+        "rolloutpool", {"kv_admission": True, "eviction_budget": None, "headroom": -0.2, "growth_share": 0.3}
+    )  # fmt: skip
+    assert variant("kv-budget:0.1:0.1")[1] | {"headroom": 0.1} == variant("kv-projection")[1] | {
+        "headroom": 0.1, "growth_share": 0.1,
+    }  # fmt: skip
+    base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
+    ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["kv-budget:-0.2:0.3"])
+    assert label == "kv-budget:-0.2:0.3"
+    assert (job.config.headroom, job.config.growth_share, job.config.eviction_budget) == (-0.2, 0.3, None)
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("kv-budgets:0:0.1", "unknown variant"),
+        ("kv-budget:0.1", "two numbers"),
+        ("kv-budget:a:0.1", "two numbers"),
+        ("kv-budget:1.0:0.1", "HEADROOM must lie in (-1, 1)"),
+        ("kv-budget:0:1.5", "SHARE in [0, 1]"),
+    ],
+)
+def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        variant(label)
+
+
+def test_the_budgets_table_gives_the_best_kv_budget_against_the_best_fixed_cap() -> None:
+    rows = [
+        _row("sticky-least-loaded", 1000.0, vs=1.0),
+        _row("kv-budget:0.1:0.1", 1100.0, vs=1.1),
+        _row("kv-budget:-0.2:0.3", 1210.0, vs=1.21),
+        _row("adaptive", 1240.0, vs=1.24),
+    ]
+    table = budgets_markdown(rows, {("bimodal", 3.0, 0): (26, 1250.0)})
+    line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:] == ["1,000", "10.0", "1.250", "1.240", "2", "-0.2:0.3", "1.210", "0.968"]
+    assert "| bimodal" not in budgets_markdown(rows[:1] + rows[3:])  # no budget ran: no line

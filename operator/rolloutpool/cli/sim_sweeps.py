@@ -105,7 +105,11 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @click.option("--scenario", "scenarios", type=click.Choice(sorted(SCENARIOS)), multiple=True, required=True)
 @click.option("--load", "loads", type=click.FloatRange(min=0.01), multiple=True, help="Default: 1, 3.")
 @click.option("--seed", "seeds", type=int, multiple=True, help="Default: 0.")
-@click.option("--variant", "variants", multiple=True, help="Default: all (sticky-least-loaded is always run).")
+@click.option(
+    "--variant", "variants", multiple=True,
+    help="Default: all named ones (sticky-least-loaded is always run). Also kv-budget:HEADROOM:SHARE, a fixed KV "
+    "budget (1 - HEADROOM of the KV capacity; negative oversubscribes) with SHARE of each session's growth projected.",
+)  # fmt: skip
 @click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
@@ -133,13 +137,16 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
         rows_json,
         rows_markdown,
         run_compare,
+        variant,
     )
     from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise click.UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    for label in variants:
+        try:
+            variant(label)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
     chosen = [BASELINE, *(v for v in (variants or VARIANTS) if v != BASELINE)]
     base = FleetConfig(scenario=scenario(scenarios[0]), in_flight=1, replicas=replicas, duration_s=duration_s)
     jobs = compare_jobs(base, scenarios=scenarios, loads=loads or (1.0, 3.0), seeds=seeds or (0,), variants=chosen)

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 
 from rolloutpool.routing.survival import censored_quantile
 
-__all__ = ["KvAdmissionConfig", "KvProjection", "ReplicaProjection"]
+__all__ = ["GROWTH_SHARE", "KvAdmissionConfig", "KvProjection", "ReplicaProjection"]
+
+GROWTH_SHARE = 0.1
+"""The default share of its expected remaining growth a live session is projected with."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class KvAdmissionConfig:
     """Fraction of the KV capacity kept out of the budget."""
     smoothing: float = 0.02
     """Weight of each new observation in the fleet's means and final-context histogram (exponential decay)."""
-    growth_share: float = 0.1
+    growth_share: float = GROWTH_SHARE
     """Share of its expected remaining growth a live session is projected with. 0.5 (its mean over the rest of its
     life) and 0.25 admitted too few where contexts are long: some eviction pays for itself in bigger decode batches
     (``rolloutpool simulate-compare`` at 2x, where sticky least-loaded re-prefills a fifth of its prefill and still

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.routing.admission_kv import GROWTH_SHARE
 
 __all__ = ["CapRule", "effective_cap"]
 
@@ -41,6 +42,9 @@ class CapRule:
     """Hard limit on a derived (or the operator's) cap; the cap itself when nothing else sets one."""
     kv_admission: bool = True
     """Derived caps admit by projected KV tokens (``kv_room``) rather than by the residency guess."""
+    growth_share: float = GROWTH_SHARE
+    """Share of its expected remaining growth each live session is projected with
+    (:class:`~rolloutpool.routing.admission_kv.KvAdmissionConfig`)."""
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:

@@ -78,7 +78,11 @@ class Ledger:
         self._tickets = 0
         caps = config.caps
         self.kv = (
-            KvProjection(KvAdmissionConfig(caps.max_model_len, caps.expected_residency, caps.headroom))
+            KvProjection(
+                KvAdmissionConfig(
+                    caps.max_model_len, caps.expected_residency, caps.headroom, growth_share=caps.growth_share
+                )
+            )
             if caps.kv_admission and caps.max_model_len
             else None
         )

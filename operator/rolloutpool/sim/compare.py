@@ -33,10 +33,12 @@ from rolloutpool.sim.workload import scenario
 
 __all__ = [
     "BASELINE",
+    "KV_BUDGET",
     "NO_EVICTION",
     "VARIANTS",
     "CompareRow",
     "best_fixed",
+    "budgets_markdown",
     "compare_jobs",
     "compare_rows",
     "every_session_resident",
@@ -45,6 +47,7 @@ __all__ = [
     "rows_markdown",
     "run_compare",
     "summary_markdown",
+    "variant",
 ]
 
 BASELINE = "sticky-least-loaded"
@@ -59,6 +62,26 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`."""
+KV_BUDGET = "kv-budget"
+"""``kv-budget:HEADROOM:SHARE``: the projection alone (no eviction budget) with a fixed KV budget, ``1 - HEADROOM``
+of each replica's KV capacity (a negative headroom oversubscribes it), each live session projected with ``SHARE``
+of its expected remaining growth: the KV-token counterpart of a fixed session-count cap, for hindsight sweeps."""
+
+
+def variant(label: str) -> tuple[str, dict[str, Any]]:
+    """The policy and FleetConfig changes of a variant label (pure); ValueError names what is wrong."""
+    if label in VARIANTS:
+        return VARIANTS[label]
+    name, _, rest = label.partition(":")
+    if name != KV_BUDGET:
+        raise ValueError(f"unknown variant {label!r}; choose from {', '.join(VARIANTS)} or {KV_BUDGET}:HEADROOM:SHARE")
+    try:
+        headroom, share = (float(x) for x in rest.split(":"))
+    except ValueError:
+        raise ValueError(f"variant {label!r}: expected {KV_BUDGET}:HEADROOM:SHARE, two numbers") from None
+    if not -1.0 < headroom < 1.0 or not 0.0 <= share <= 1.0:
+        raise ValueError(f"variant {label!r}: HEADROOM must lie in (-1, 1) and SHARE in [0, 1]")
+    return "rolloutpool", {"kv_admission": True, "eviction_budget": None, "headroom": headroom, "growth_share": share}
 
 
 def every_session_resident(config: FleetConfig) -> FleetConfig:
@@ -106,7 +129,7 @@ def compare_jobs(
         for seed in seeds:
             for load in loads:
                 for label in chosen:
-                    policy, changes = VARIANTS[label]
+                    policy, changes = variant(label)
                     config = replace(cfg, in_flight=max(1, round(load * floor)), seed=seed, **changes)
                     if label == NO_EVICTION:
                         config = every_session_resident(config)
@@ -251,10 +274,51 @@ def summary_markdown(
     return "\n".join(lines) + "\n\n" + check + "\n"
 
 
+def budgets_markdown(
+    rows: list[CompareRow], best: dict[tuple[str, float, int], tuple[int, float]] | None = None
+) -> str:
+    """Fixed KV budgets (``kv-budget:H:S`` rows) beside the best fixed session cap, per point (pure).
+
+    One line per (scenario, load, seed) with KV-budget rows: the best of them in hindsight over sticky
+    least-loaded and over the best fixed cap (``best``, :func:`best_fixed`), and the adaptive law's where it ran.
+    """
+    points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
+    for r in rows:
+        points.setdefault((r.scenario, r.load, r.seed), {})[r.variant] = r
+    best = best or {}
+    lines = [
+        "| scenario | load | seed | sticky LL tok/s | LL evicted % | best fixed cap / LL | adaptive / LL "
+        "| KV budgets run | best KV budget (headroom:share) | best KV budget / LL | best KV budget / best fixed cap |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|",
+    ]
+    for key, by in points.items():
+        base = by.get(BASELINE)
+        budgets = [r for label, r in by.items() if label.startswith(KV_BUDGET + ":")]
+        if base is None or not budgets:
+            continue
+        top = max(budgets, key=lambda r: r.tokens_per_s)
+        adaptive = by.get("adaptive")
+        tokens = best.get(key, (None, None))[1]
+        cells = [
+            key[0], f"{key[1]:g}x", str(key[2]), f"{base.tokens_per_s:,.0f}", f"{100 * base.evicted_share:.1f}",
+            "" if tokens is None else _ratio(tokens, base.tokens_per_s),
+            "" if adaptive is None else f"{adaptive.vs_baseline:.3f}",
+            str(len(budgets)), top.variant.removeprefix(KV_BUDGET + ":"), f"{top.vs_baseline:.3f}",
+            "" if tokens is None else _ratio(top.tokens_per_s, tokens),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _main(argv: list[str]) -> None:
-    """``python -m rolloutpool.sim.compare COMPARE.json... [--caps SWEEP.json...]``: the summary table on stdout."""
+    """``python -m rolloutpool.sim.compare [--budgets] COMPARE.json... [--caps SWEEP.json...]``: a table on stdout.
+
+    The summary table, or with ``--budgets`` the fixed KV budgets' (:func:`budgets_markdown`).
+    """
     from pathlib import Path  # noqa: PLC0415
 
+    budgets = "--budgets" in argv
+    argv = [a for a in argv if a != "--budgets"]
     split = argv.index("--caps") if "--caps" in argv else len(argv)
     unique: dict[tuple[str, float, int, str], CompareRow] = {}
     for path in argv[:split]:  # files of one sweep split by variant each hold the baseline: count it once
@@ -265,7 +329,7 @@ def _main(argv: list[str]) -> None:
     for path in argv[split + 1 :]:
         for r in json.loads(Path(path).read_text())["runs"].values():
             runs.append((r["scenario"], r["load"], r["seed"], r["cap"], r["row"]["tokens_per_s"]))
-    sys.stdout.write(summary_markdown(rows, best_fixed(runs)))
+    sys.stdout.write((budgets_markdown if budgets else summary_markdown)(rows, best_fixed(runs)))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
 from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.routing.admission_kv import GROWTH_SHARE
 from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
@@ -37,6 +38,8 @@ class FleetConfig:
     kv_admission: bool = True
     """Our policy also admits a new session only while its replica's projected KV tokens fit (the router's
     default); False: by the session-count cap alone (the fixed cap from ``expected_residency``)."""
+    growth_share: float = GROWTH_SHARE
+    """Share of its expected remaining growth our policy projects a live session with (KV admission)."""
     eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
     """Our policy's KV admission also admits past its projection while measured eviction is cheap (the router's
     default, :mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""

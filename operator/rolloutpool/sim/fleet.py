@@ -107,6 +107,7 @@ class _Fleet:
                 expected_residency=config.expected_residency,
                 headroom=config.headroom,
                 kv_admission=config.kv_admission,
+                growth_share=config.growth_share,
             )
         quarantine = config.quarantine if ours else None
         budget = config.eviction_budget if ours else None
