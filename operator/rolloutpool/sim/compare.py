@@ -222,6 +222,14 @@ def _ratio(a: float, b: float | None) -> str:
     return "" if not b else f"{a / b:.3f}"
 
 
+def _by_point(rows: Iterable[CompareRow]) -> dict[tuple[str, float, int], dict[str, CompareRow]]:
+    """Rows grouped by (scenario, load, seed), then by variant label (pure)."""
+    points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
+    for r in rows:
+        points.setdefault((r.scenario, r.load, r.seed), {})[r.variant] = r
+    return points
+
+
 def summary_markdown(
     rows: list[CompareRow], best: dict[tuple[str, float, int], tuple[int, float]] | None = None
 ) -> str:
@@ -231,9 +239,7 @@ def summary_markdown(
     over it; with ``NO_EVICTION`` rows, the bound no cap passes with sticky least-loaded's placement.
     Ends with the fast-quarantine check: every run that quarantined measured evicted re-prefill of live sessions.
     """
-    points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
-    for r in rows:
-        points.setdefault((r.scenario, r.load, r.seed), {})[r.variant] = r
+    points = _by_point(rows)
     best = best or {}
     lines = [
         "| scenario | load | seed | sticky LL tok/s | LL evicted % | router alone / LL | projection only / LL "
@@ -282,9 +288,7 @@ def budgets_markdown(
     One line per (scenario, load, seed) with KV-budget rows: the best of them in hindsight over sticky
     least-loaded and over the best fixed cap (``best``, :func:`best_fixed`), and the adaptive law's where it ran.
     """
-    points: dict[tuple[str, float, int], dict[str, CompareRow]] = {}
-    for r in rows:
-        points.setdefault((r.scenario, r.load, r.seed), {})[r.variant] = r
+    points = _by_point(rows)
     best = best or {}
     lines = [
         "| scenario | load | seed | sticky LL tok/s | LL evicted % | best fixed cap / LL | adaptive / LL "
