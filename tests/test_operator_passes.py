@@ -27,7 +27,7 @@ from rolloutpool.reconcile.labels import ANNOTATION_DRAIN_STARTED
 
 NS, NAME = "team", "p"
 KEY: PoolKey = (NS, NAME)
-ROUTER_KINDS = ["ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
+ROUTER_KINDS = ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
 SPEC: dict[str, Any] = {
     "replicas": 2,
     "engine": {"kind": "simulated", "model": "m", "maxModelLen": 32768, "kvCapacityTokens": 400000},
@@ -131,8 +131,10 @@ async def _settled(h: Harness, names: Sequence[str] = ("p-engine-0", "p-engine-1
 async def test_a_new_pool_gets_its_router_objects_and_engine_pods_then_a_quiet_pass_writes_nothing() -> None:
     h = Harness()
     delay = await h.run()
-    assert h.kube.verbs("create") == ["p-router"] * 5 + ["p-engine-0", "p-engine-1"]
-    assert [c.kind for c in h.kube.calls if c.verb == "create"][:5] == ROUTER_KINDS
+    assert h.kube.verbs("create") == ["p-router-admin"] + ["p-router"] * 5 + ["p-engine-0", "p-engine-1"]
+    secret = h.kube.peek("Secret", NS, "p-router-admin")  # a fresh admin token for the routers, made once
+    assert len(secret["stringData"]["token"]) >= 32
+    assert [c.kind for c in h.kube.calls if c.verb == "create"][:6] == ROUTER_KINDS
     assert h.status()["replicas"] == 0  # the status describes what the pass observed
     assert h.status()["observedGeneration"] == 1
     assert h.condition("Ready")["status"] == "False"
@@ -144,6 +146,21 @@ async def test_a_new_pool_gets_its_router_objects_and_engine_pods_then_a_quiet_p
     delay = await h.run()
     assert h.writes() == []  # nothing changed: no apply (not due), no status write
     assert delay == 5.0
+
+
+async def test_the_admin_token_secret_is_created_once_and_never_read_or_changed() -> None:
+    h = Harness()
+    mine = {"kind": "Secret", "metadata": {"name": "p-router-admin", "namespace": NS}, "stringData": {"token": "own"}}
+    h.kube.put(mine)  # the user's own token, there first
+    await _settled(h)
+    assert h.kube.peek("Secret", NS, "p-router-admin")["stringData"] == {"token": "own"}
+    secret_calls = [c.verb for c in h.kube.calls if c.kind == "Secret"]
+    assert secret_calls == ["create"] * len(secret_calls)  # the operator's RBAC: create only
+    h.kube.delete("Secret", NS, "p-router-admin")
+    h.context.remember(KEY).router_generation = None
+    await h.run()
+    fresh = h.kube.peek("Secret", NS, "p-router-admin")["stringData"]
+    assert fresh["token"] != "own"  # noqa: S105 -- a fresh one
 
 
 async def test_a_create_that_meets_an_existing_pod_409_takes_it_as_is() -> None:

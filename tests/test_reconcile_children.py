@@ -15,6 +15,7 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.cli.router import router_command
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.children import (
+    ADMIN_TOKEN_PATH,
     STATE_PATH,
     desired_engine_pods,
     engine_pod,
@@ -244,8 +245,12 @@ def test_router_objects() -> None:
     pool = pool_object("vllm-pool.yaml")
     objects = router_objects(pool=pool, spec=spec_of(pool), default_image=IMAGE)
     by_kind = {o["kind"]: o for o in objects}
-    assert list(by_kind) == ["ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
-    for obj in objects:
+    assert list(by_kind) == ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
+    secret = by_kind.pop("Secret")  # the admin token: the operator fills it once, so no data and no hash here
+    assert secret["metadata"]["name"] == "qwen3-8b-grpo-router-admin"
+    assert set(secret) == {"apiVersion", "kind", "metadata", "type"}
+    assert secret["metadata"]["ownerReferences"] == [owner_reference(pool)]
+    for obj in by_kind.values():
         assert obj["metadata"]["name"] == "qwen3-8b-grpo-router"
         assert obj["metadata"]["namespace"] == "team-a"
         assert obj["metadata"]["labels"] == pool_labels("qwen3-8b-grpo", "router")
@@ -286,6 +291,7 @@ def test_router_objects() -> None:
         "--queue-timeout=600",
         "--queue-max=10000",
         f"--state-path={STATE_PATH}",
+        f"--admin-token-file={ADMIN_TOKEN_PATH}",
         "--max-model-len=32768",
         "--residency=0.5",
         "--headroom=0.1",
@@ -295,7 +301,9 @@ def test_router_objects() -> None:
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod_spec["securityContext"]["runAsNonRoot"] is True
-    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/var/lib/rolloutpool"}
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/var/lib/rolloutpool", "/var/run/rolloutpool/admin"}
+    token = next(v for v in pod_spec["volumes"] if v["name"] == "admin-token")
+    assert token["secret"]["secretName"] == secret["metadata"]["name"]
 
 
 def test_router_settings_come_from_the_spec() -> None:

@@ -37,7 +37,8 @@ def _ready(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_new_pool_creates_everything_and_asks_to_look_again_soon() -> None:
     decision = decide(_observed(), now=NOW)
-    assert [o["kind"] for o in decision.router] == ["ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
+    kinds = [o["kind"] for o in decision.router]
+    assert kinds == ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"]
     assert decision.plan is not None
     assert [p["metadata"]["name"] for p in decision.plan.create] == ["p-engine-0", "p-engine-1"]
     assert decision.write_status
@@ -58,12 +59,12 @@ def test_router_objects_are_applied_on_a_new_generation_a_drift_or_a_resync_only
     new_generation = decide(
         _observed(pods=pods, deployment=deployment, recall=replace(applied, router_generation=2)), now=NOW
     )
-    assert len(new_generation.router) == 5
+    assert len(new_generation.router) == 6
     drifted = copy.deepcopy(deployment)
     drifted["metadata"]["labels"]["rolloutpool.io/pool"] = "edited"  # someone edited the Deployment
-    assert len(decide(_observed(pods=pods, deployment=drifted, recall=applied), now=NOW).router) == 5
+    assert len(decide(_observed(pods=pods, deployment=drifted, recall=applied), now=NOW).router) == 6
     stale = replace(applied, router_applied_at=CLOCK - SETTINGS.router_resync_seconds)
-    assert len(decide(_observed(pods=pods, deployment=deployment, recall=stale), now=NOW).router) == 5
+    assert len(decide(_observed(pods=pods, deployment=deployment, recall=stale), now=NOW).router) == 6
 
 
 def test_a_quiet_pool_writes_no_status_and_rests() -> None:

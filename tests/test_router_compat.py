@@ -51,6 +51,8 @@ def test_honoured_flags_set_router_fields() -> None:
             "900",
             "--log-level",
             "debug",
+            "--api-key",
+            "sk-1",
         ]
     )
     assert t.overrides == {
@@ -59,6 +61,7 @@ def test_honoured_flags_set_router_fields() -> None:
         "queue_max": 0,
         "queue_timeout_s": 5.0,
         "idle_timeout_s": 900.0,
+        "api_key": "sk-1",
     }
     assert t.log_level == "debug"
 
@@ -102,9 +105,12 @@ def test_replica_names_are_host_port() -> None:
 
 
 def test_cli_refuses_a_flag_it_cannot_honour_before_serving() -> None:
-    result = CliRunner().invoke(main, ["router", "--worker-urls", "http://127.0.0.1:1", "--api-key", "k"])
+    result = CliRunner().invoke(main, ["router", "--worker-urls", "http://127.0.0.1:1", "--mini-lb"])
     assert result.exit_code == 2
-    assert "--api-key: cannot be honoured" in result.output
+    assert "--mini-lb: cannot be honoured" in result.output
+    result = CliRunner().invoke(main, ["router", "--worker-urls", "http://127.0.0.1:1", "--api-key", " "])
+    assert result.exit_code == 2
+    assert "--api-key: must not be empty" in result.output
     result = CliRunner().invoke(main, ["router", "--worker-urls", "http://127.0.0.1:1", "--discover-namespace", "n"])
     assert result.exit_code == 2
     assert "not both" in result.output

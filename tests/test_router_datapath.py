@@ -91,7 +91,7 @@ def test_session_key_header_then_body_fields_in_order() -> None:
 @pytest.mark.parametrize("pad", [0, 10_000])  # decoded whole, and scanned
 def test_read_body_forwards_the_received_bytes_and_splices_only_include_usage(pad: int) -> None:
     def read(raw: bytes, header: str | None = None) -> Any:
-        return read_body(raw, header_key=header, fields=FIELDS, json_path=True, need_model=True, measure_stream=True)
+        return read_body(raw, header_key=header, fields=FIELDS, json_path=True, measure_stream=True)
 
     filler = "x" * pad
     raw = b'{ "model" : "m",  "prompt": "' + filler.encode() + b'", "stream" : true , "session_id": "s"}'
@@ -108,12 +108,11 @@ def test_read_body_forwards_the_received_bytes_and_splices_only_include_usage(pa
     assert spliced == raw[:-1] + b', "stream_options": {"continuous_usage_stats":false,"include_usage":true}}'
     plain = raw.replace(b"true", b"false")
     assert read(plain, header="h").body is plain
-    for bad, message in ((b"{nope", "Invalid JSON"), (b"[1]", "JSON object"), (b'{"prompt": "p"}', "model")):
+    for bad, message in ((b"{nope", "Invalid JSON"), (b"[1]", "JSON object")):
         with pytest.raises(BodyError, match=message):
             read(bad)
-    opaque = read_body(
-        b"not json", header_key=None, fields=FIELDS, json_path=False, need_model=False, measure_stream=False
-    )
+    assert read(b'{"prompt": "p"}').key is None  # no model: the engine serves its one model, as vLLM does
+    opaque = read_body(b"not json", header_key=None, fields=FIELDS, json_path=False, measure_stream=False)
     assert (opaque.key, opaque.body) == (None, b"not json")
 
 
@@ -240,55 +239,51 @@ async def test_responses_api_turns_are_measured_streamed_or_not() -> None:
     await no_leaked_tasks()
 
 
-PATHS = [
+AUXILIARY = [
     ("POST", "/tokenize", b'{"model": "m", "prompt": "hi", "cache_salt": "v1"}'),
     ("POST", "/detokenize", b'{"model": "m", "tokens": [1, 2]}'),
-    ("POST", "/v1/responses", b'{"model": "m", "input": "hi", "priority": 1}'),
     ("POST", "/v1/chat/completions/render", b'{"model": "m", "messages": []}'),
+    ("GET", "/v1/responses/resp_1?x=1", b""),
+    ("PUT", "/custom/allowed", b"opaque bytes, not JSON"),
+]
+GENERATION = [
+    ("POST", "/v1/responses", b'{"model": "m", "input": "hi", "priority": 1}'),
     ("POST", "/skyrl/v1/generate", b'{"prompt_token_ids": [1], "sampling_params": {}}'),
-    ("POST", "/nobody/listed/this?x=1&y=2", b"opaque bytes, not JSON"),
-    ("GET", "/v1/some/thing?q=1", b""),
-    ("PUT", "/custom", b'{"a": 1}'),
 ]
 
 
-async def test_any_path_follows_its_session_and_one_turn_requests_hold_nothing() -> None:
-    async with fleet() as (rt, fakes, _):
-        await raw_post(
-            rt.http, f"{rt.url}/tokenize", b'{"prompt": "x"}', **{"X-Session-ID": "other"}
-        )  # load one replica
-        seen = set()
-        for method, path, raw in PATHS:
-            async with rt.http.request(
-                method, f"{rt.url}{path}", data=raw or None, headers={"X-Session-ID": "S"}
-            ) as resp:
+async def test_auxiliary_paths_follow_a_live_session_and_never_create_one() -> None:
+    async with fleet(allowed_paths=frozenset({"/custom/allowed"})) as (rt, fakes, _):
+        for method, path, raw in GENERATION:  # generation paths: session S, on one replica, bytes as sent
+            async with rt.http.request(method, f"{rt.url}{path}", data=raw, headers={"X-Session-ID": "S"}) as resp:
                 assert resp.status == 200, (path, await resp.text())
-                answer = await resp.json()
-                seen.add(resp.headers["X-RolloutPool-Replica"])
-                assert resp.headers["X-Engine-Header"] == "kept"
-            fake = engine_of(fakes, answer["engine"])
-            got = fake.received[-1]
-            assert (got.method, got.path_qs, got.body) == (method, path, raw)
-        assert len(seen) == 1  # every path of session S on its one replica
-        counts = rt.live()
-        assert sum(counts.values()) == 2
+                home = resp.headers["X-RolloutPool-Replica"]
+        assert rt.live() == {home: 1, next(n for n in rt.live() if n != home): 0}
+        for key in ("S", "unknown", None):
+            for method, path, raw in AUXILIARY:
+                headers = {} if key is None else {"X-Session-ID": key}
+                async with rt.http.request(method, f"{rt.url}{path}", data=raw or None, headers=headers) as resp:
+                    assert resp.status == 200, (path, await resp.text())
+                    answer = await resp.json()
+                    assert resp.headers["X-Engine-Header"] == "kept"
+                    if key == "S":  # a live session's auxiliary requests go to its replica
+                        assert resp.headers["X-RolloutPool-Replica"] == home
+                got = engine_of(fakes, answer["engine"]).received[-1]
+                assert (got.method, got.path_qs, got.body) == (method, path, raw)
+        assert sum(rt.live().values()) == 1  # only S: no auxiliary request made a session
+        assert rt.manager.lookup("unknown") is None
         assert rt.manager.lookup("S").context_tokens == 0  # no usage in these answers: no turn recorded
-        for method, path, raw in PATHS:  # without a session: least-loaded, nothing held afterwards
-            async with rt.http.request(method, f"{rt.url}{path}", data=raw or None) as resp:
-                assert resp.status == 200
-        assert rt.live() == counts
         assert await rt.metric("rolloutpool_router_upstream_errors_total") == 0
     await no_leaked_tasks()
 
 
 async def test_engine_errors_and_bad_bodies_pass_or_fail_without_accounting_damage() -> None:
     async with fleet() as (rt, fakes, _):
-        status, body, headers = await raw_post(rt.http, f"{rt.url}/missing/route", b"{}", **{"X-Session-ID": "A"})
-        assert (status, body) == (404, b'{"detail":"Not Found"}')  # the engine's own answer
+        ok = b'{"token_ids": [1, 2], "sampling_params": {"max_tokens": 2}}'
+        status, _, headers = await raw_post(rt.http, f"{rt.url}/inference/v1/generate", ok, **{"X-Session-ID": "A"})
+        assert status == 200
         replica = headers["X-RolloutPool-Replica"]
-        status, body, _ = await raw_post(rt.http, f"{rt.url}/missing/route", b"{}")
-        assert status == 404
-        # a generate body without token_ids: forwarded, the engine's 400 passes through
+        # a generate body without token_ids: forwarded, the engine's 400 passes through; session A stays
         no_ids = b'{"sampling_params": {"max_tokens": 2}}'
         status, body, headers = await raw_post(
             rt.http, f"{rt.url}/inference/v1/generate", no_ids, **{"X-Session-ID": "A"}
@@ -296,8 +291,14 @@ async def test_engine_errors_and_bad_bodies_pass_or_fail_without_accounting_dama
         assert status == 400
         assert orjson.loads(body)["error"]["message"] == "token_ids: Field required"
         assert headers["X-RolloutPool-Replica"] == replica
+        assert rt.manager.lookup("A") is not None
+        # a request the engine refuses leaves no session it created
+        status, _, _ = await raw_post(rt.http, f"{rt.url}/inference/v1/generate", no_ids, **{"X-Session-ID": "B"})
+        assert status == 400
+        assert rt.manager.lookup("B") is None
+        assert await rt.metric("rolloutpool_router_releases_total", how="rejected") == 1
         assert rt.manager.replica(replica).ready
-        assert sum(rt.live().values()) == 1  # session A only; the one-turn requests left nothing
+        assert sum(rt.live().values()) == 1  # session A only
         assert await rt.metric("rolloutpool_router_upstream_errors_total") == 0
         before = sum(len(f.received) for f in fakes)
         # a body session id of the wrong type: the router's 400 naming the field; nothing placed or sent
@@ -317,9 +318,18 @@ async def test_engine_errors_and_bad_bodies_pass_or_fail_without_accounting_dama
         assert status == 200
         assert rt.manager.lookup("7") is not None  # an integer id is coerced, as vllm-router does
         assert sum(rt.live().values()) == 2
-        # a path the router owns is never forwarded
+        # paths the router owns, engine control paths and unknown paths are never forwarded
         async with rt.http.get(f"{rt.url}/finish_session") as resp:
             assert resp.status == 405
+        for path, status, words in (
+            ("/pause?mode=keep", 403, "POST /admin/rl/pause"),
+            ("/v1/load_lora_adapter", 403, "POST /admin/rl/v1/load_lora_adapter"),
+            ("/missing/route", 404, "--allow-path /missing/route"),
+        ):
+            answer = await raw_post(rt.http, f"{rt.url}{path}", b"{}", **{"X-Session-ID": "C"})
+            assert answer[0] == status
+            assert words in orjson.loads(answer[1])["error"]["message"]
+        assert rt.manager.lookup("C") is None
         assert sum(len(f.received) for f in fakes) == before + 1
     await no_leaked_tasks()
 

@@ -72,17 +72,20 @@ async def test_many_concurrent_finishes_never_drive_counts_negative() -> None:
     await no_leaked_tasks()
 
 
-async def test_health_is_200_when_a_session_can_be_placed_and_503_otherwise() -> None:
+async def test_health_is_200_while_a_replica_is_ready_even_with_the_fleet_full() -> None:
     async with engines(1) as urls, router(urls, cap=1) as rt:
         status, body = await rt.request("GET", "/health")
         assert (status, body["placeable"]) == (200, True)
         assert (await rt.complete("take the only slot", session="a"))[0] == 200
-        status, body = await rt.request("GET", "/health")
-        assert (status, body["placeable"], body["ready_replicas"]) == (503, False, 1)
-        assert (await rt.request("GET", "/healthz"))[0] == 200  # the process still serves
-        assert (await rt.post("/finish_session?session_id=a"))[0] == 200
-        assert (await rt.request("GET", "/health"))[0] == 200
-        rt.manager.set_draining("e0", True)  # ready, but it takes no new session
-        assert (await rt.request("GET", "/health"))[0] == 503
+        status, body = await rt.request("GET", "/health")  # full: new sessions would wait, the router serves
+        assert (status, body["placeable"], body["ready_replicas"]) == (200, False, 1)
+        assert (await rt.request("GET", "/healthz"))[0] == 200
         assert (await rt.request("GET", "/readyz"))[0] == 200
+        rt.manager.set_draining("e0", True)  # ready, but it takes no new session: still serving
+        assert (await rt.request("GET", "/health"))[0] == 200
+        rt.manager.set_ready("e0", False, reason="test")  # no ready replica: 503 for probes and pollers
+        status, body = await rt.request("GET", "/health")
+        assert (status, body["ready_replicas"], body["status"]) == (503, 0, "unavailable")
+        assert (await rt.request("GET", "/readyz"))[0] == 503
+        assert (await rt.request("GET", "/healthz"))[0] == 200  # liveness: the process still serves
     await no_leaked_tasks()

@@ -15,12 +15,13 @@ from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.router import RouterConfig
 from rolloutpool.router import build_app as build_router
 from rolloutpool.router.app import ROUTER
-from rolloutpool.router.fleet import Fleet
+from rolloutpool.router.fleet import Fleet, peer_key
 from rolloutpool.routing.discovery import ReplicaEvent
 from rolloutpool.routing.fleetview import FleetView
 from routerkit import ROUTER_DEFAULTS, engines, no_leaked_tasks, serve
 
 ME, PEER = "router-a", "router-b"
+TOKEN = "fleet-token"  # noqa: S105 -- a test token
 
 
 def _view(owners: dict[str, str], urls: dict[str, str]) -> FleetView:
@@ -36,7 +37,7 @@ async def test_engines_follow_the_assignment_and_moved_sessions_are_released() -
             yield await views.get()
 
     async with engines(2) as urls:
-        fleet = Fleet(self_name=ME, source=source, sweep_interval_s=0.2)
+        fleet = Fleet(self_name=ME, source=source, admin_token=TOKEN, sweep_interval_s=0.2)
         config = RouterConfig(replicas=(), discovery=True, cap=16, **ROUTER_DEFAULTS)
         app = build_router(config, discovery=fleet.discovery, fleet=fleet)
         manager = app[ROUTER].manager
@@ -65,8 +66,15 @@ async def test_engines_follow_the_assignment_and_moved_sessions_are_released() -
                 assert (await r.json())["error"]["type"] == "ServiceUnavailableError"
                 assert r.headers["Retry-After"] == "1"
             assert manager.lookup(foreign) is None
-            # ...unless it was forwarded already: then it is served here, never forwarded twice
+            # a client cannot claim its request was forwarded: without the peers' key it is refused, nothing placed
             headers = {"X-Session-ID": foreign, "X-RolloutPool-Forwarded": PEER}
+            for forged in ({}, {"X-RolloutPool-Peer-Auth": "guess"}, {"X-RolloutPool-Peer-Auth": TOKEN}):
+                async with http.post(f"{url}/v1/chat/completions", json=body, headers={**headers, **forged}) as r:
+                    assert r.status == 403, await r.text()
+                    assert "reserved for the routers" in (await r.json())["error"]["message"]
+            assert manager.lookup(foreign) is None
+            # ...a peer's forwarded request is served here, never forwarded twice
+            headers["X-RolloutPool-Peer-Auth"] = peer_key(TOKEN)
             async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200
             assert manager.lookup(foreign) is not None

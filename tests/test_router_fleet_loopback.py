@@ -22,7 +22,7 @@ import pytest
 
 from rolloutpool.dev.bench.fleet import FleetUrls, start_engines, start_fleet
 from rolloutpool.dev.bench.processes import ProcessSet
-from rolloutpool.router.fleet import FORWARDED_HEADER
+from rolloutpool.router.fleet import FORWARDED_HEADER, PEER_AUTH_HEADER, peer_key
 from rolloutpool.router.proxy import REPLICA_HEADER
 from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
@@ -114,9 +114,18 @@ async def test_a_fleet_of_three_routers_acts_as_one(fleet: tuple[FleetUrls, dict
             assert status == 503, body
             assert body["error"]["type"] == "ServiceUnavailableError"
 
-        # a forwarded request is served where it lands, never forwarded twice
+        # a client cannot claim its request was forwarded (it would pin the session on a second engine)
         status, body, replica = await _turn(
             http, routers[0], sessions[0], history[sessions[0]], **{FORWARDED_HEADER: "test"}
+        )
+        assert status == 403, body
+        # a peer's forwarded request is served where it lands, never forwarded twice
+        status, body, replica = await _turn(
+            http,
+            routers[0],
+            sessions[0],
+            history[sessions[0]],
+            **{FORWARDED_HEADER: "test", PEER_AUTH_HEADER: peer_key(urls.admin_token)},
         )
         assert status in {200, 503}
         held0 = set(live[0])

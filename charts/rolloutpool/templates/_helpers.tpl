@@ -71,9 +71,11 @@ app.kubernetes.io/part-of: rolloutpool
 
 {{/*
 The operator's rules, shared by the ClusterRole (scope `cluster`) and each Role (scope
-`namespaces`). Exactly the agreed list (notes/interfaces.md): no wildcards, no secrets, no
-configmaps. It holds every permission it grants the routers (pods and rolloutpools
-get/list/watch), which RBAC requires of whoever creates a Role.
+`namespaces`). Exactly the agreed list (notes/interfaces.md): no wildcards, no configmaps,
+and secrets `create` only: the operator makes each pool's router admin token
+(`<pool>-router-admin`) and never reads, lists or changes a Secret. It holds every permission
+it grants the routers (pods and rolloutpools get/list/watch), which RBAC requires of whoever
+creates a Role.
 */}}
 {{- define "rolloutpool.operatorRules" -}}
 - apiGroups: ["rolloutpool.io"]
@@ -88,6 +90,9 @@ get/list/watch), which RBAC requires of whoever creates a Role.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]

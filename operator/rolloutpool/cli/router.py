@@ -82,7 +82,22 @@ __all__ = ["router_command"]
     "keeps its prefix cached. Off by default: each renewal re-sends a whole prompt, which costs the engine's "
     "API server tokenization CPU.",
 )
-@click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the admin API's bearer token (/admin: replicas, drains, the engine control fan-out "
+    "/admin/rl/CALL); a fleet's routers also authenticate forwarded requests with it. Unset: /admin is off.",
+)
+@click.option(
+    "--allow-path",
+    "allow_paths",
+    multiple=True,
+    metavar="PATH",
+    help="Forward PATH on the data port too (repeatable), as an auxiliary request: no session, no queue. By "
+    "default only inference, tokenize/render, models and health paths are served; engine control calls "
+    "(/pause, /update_weights, ...) go through the admin fan-out.",
+)
 @click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
     "--trace-file",
@@ -129,6 +144,7 @@ def router_command(
     upstream_timeout: float,
     renew_every: float | None,
     admin_token_file: Path | None,
+    allow_paths: tuple[str, ...],
     state_path: Path | None,
     trace_file: Path | None,
     trace_max_bytes: int,
@@ -194,6 +210,7 @@ def router_command(
             "trace_session_ids": trace_session_ids,
             "admin_token": admin_token_file.read_text().strip() if admin_token_file else None,
             "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
+            "allowed_paths": frozenset(allow_paths),
         }
         settings.update(compat.overrides)  # a vllm-router flag wins over our default
         config = RouterConfig(**settings)

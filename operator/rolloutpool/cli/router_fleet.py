@@ -42,6 +42,7 @@ def _fleet(config: RouterConfig, *, self_name: str, source: FleetSource) -> Flee
     return Fleet(
         self_name=self_name,
         source=source,
+        admin_token=config.admin_token,
         session_header=config.session_header,
         connect_timeout_s=config.upstream_connect_timeout_s,
         read_timeout_s=config.upstream_timeout_s,

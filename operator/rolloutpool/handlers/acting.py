@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutpool.kube.children import Child, apply_child, delete_child, patch_annotations
+from rolloutpool.kube.children import Child, apply_child, create_once, delete_child, patch_annotations
 from rolloutpool.kube.port import KubePort
-from rolloutpool.reconcile.children import needs_update
+from rolloutpool.reconcile.children import ADMIN_TOKEN_KEY, needs_update
 from rolloutpool.reconcile.engines import EnginePlan
 from rolloutpool.reconcile.labels import ANNOTATION_DRAIN_STARTED
 
@@ -38,10 +39,15 @@ def _needs_update(observed: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 
 async def apply_router(kube: KubePort, objects: Sequence[dict[str, Any]], *, namespace: str, pool: str) -> list[Child]:
-    """Create or patch the router's ServiceAccount, Role, RoleBinding, Service and Deployment, in order."""
+    """Create the router's admin-token Secret once; create or patch its ServiceAccount, Role, RoleBinding,
+    Service and Deployment, in order."""
     done: list[Child] = []
     for desired in objects:
-        child = await asyncio.to_thread(apply_child, kube, desired, needs_update=_needs_update)
+        if desired["kind"] == "Secret":  # created once with a fresh token; never read, never patched
+            token = {ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)}
+            child = await asyncio.to_thread(create_once, kube, {**desired, "stringData": token})
+        else:
+            child = await asyncio.to_thread(apply_child, kube, desired, needs_update=_needs_update)
         if child.outcome != "unchanged":
             _log.info("%s %s pool=%s/%s kind=%s", child.outcome.capitalize(), child.name, namespace, pool, child.kind)
         done.append(child)

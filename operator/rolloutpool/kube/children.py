@@ -25,6 +25,7 @@ __all__ = [
     "ApplyOutcome",
     "Child",
     "apply_child",
+    "create_once",
     "delete_child",
     "list_children",
     "patch_annotations",
@@ -88,6 +89,18 @@ def apply_child(
         return Child(kind, name, "unchanged")
     kube.patch(kind, namespace, name, desired)  # a 404 here (deleted after our read) fails the pass: retried
     return Child(kind, name, "updated")
+
+
+def create_once(kube: KubePort, desired: dict[str, Any]) -> Child:
+    """Create an object unless it exists; an existing one is never read nor changed (a Secret: create-only RBAC)."""
+    meta = desired["metadata"]
+    try:
+        kube.create(desired)
+    except KubeError as exc:
+        if exc.status != CONFLICT:
+            raise
+        return Child(str(desired["kind"]), str(meta["name"]), "unchanged")
+    return Child(str(desired["kind"]), str(meta["name"]), "created")
 
 
 def delete_child(kube: KubePort, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:

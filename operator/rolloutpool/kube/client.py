@@ -29,6 +29,7 @@ KINDS: dict[str, _Kind] = {
     "Pod": _Kind(client.CoreV1Api, "namespaced_pod"),
     "Service": _Kind(client.CoreV1Api, "namespaced_service"),
     "ServiceAccount": _Kind(client.CoreV1Api, "namespaced_service_account"),
+    "Secret": _Kind(client.CoreV1Api, "namespaced_secret"),
     "Deployment": _Kind(client.AppsV1Api, "namespaced_deployment"),
     "Role": _Kind(client.RbacAuthorizationV1Api, "namespaced_role"),
     "RoleBinding": _Kind(client.RbacAuthorizationV1Api, "namespaced_role_binding"),

@@ -23,6 +23,7 @@ from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
     ENGINE_PORT,
     ROUTER_PORT,
+    admin_secret_name,
     engine_pod_name,
     engine_selector,
     owner_reference,
@@ -34,6 +35,8 @@ from rolloutpool.reconcile.labels import (
 from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 
 __all__ = [
+    "ADMIN_TOKEN_KEY",
+    "ADMIN_TOKEN_PATH",
     "STATE_PATH",
     "TRACE_PATH",
     "VLLM_STARTUP_SECONDS",
@@ -48,9 +51,13 @@ __all__ = [
 VLLM_STARTUP_SECONDS = 1800
 """How long a vLLM pod may take to download and load its model before kubelet restarts it."""
 STATE_PATH = "/var/lib/rolloutpool/state.json"
+"""The router's session-table snapshot (on an emptyDir: survives a container restart, not a pod move)."""
 TRACE_PATH = "/var/lib/rolloutpool/trace.jsonl"
 """The router's turn trace (``spec.router.trace``), in the same emptyDir as its state."""
-"""The router's session-table snapshot (on an emptyDir: survives a container restart, not a pod move)."""
+ADMIN_TOKEN_KEY = "token"  # noqa: S105 -- the key's name in the Secret, not a token
+"""The key of the router's admin token in its Secret (``<pool>-router-admin``)."""
+ADMIN_TOKEN_PATH = f"/var/run/rolloutpool/admin/{ADMIN_TOKEN_KEY}"
+"""Where the router reads its admin token (the Secret, mounted read-only)."""
 _NON_ROOT_UID = 65532
 
 
@@ -259,6 +266,7 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         f"--queue-timeout={_number(max(router.queue_timeout_seconds, 0.01))}",  # the router waits at least 10 ms
         f"--queue-max={router.max_queue_length}",
         f"--state-path={STATE_PATH}",
+        f"--admin-token-file={ADMIN_TOKEN_PATH}",
         f"--max-model-len={spec.engine.max_model_len}",
         f"--residency={_number(concurrency.expected_residency)}",
         f"--headroom={_number(concurrency.headroom)}",
@@ -285,15 +293,25 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
 
 
 def router_objects(*, pool: Mapping[str, Any], spec: RolloutPoolSpec, default_image: str) -> list[dict[str, Any]]:
-    """ServiceAccount, Role, RoleBinding, Service and Deployment of the pool's router (pure).
+    """Admin-token Secret, ServiceAccount, Role, RoleBinding, Service and Deployment of the pool's router (pure).
 
     The Role lets the router read pods and this one RolloutPool (``resourceNames``; the router
-    lists it with a ``metadata.name`` field selector), nothing more.
+    lists it with a ``metadata.name`` field selector), nothing more. The Secret
+    (``<pool>-router-admin``) holds the router's admin token: the manifest carries no data, the
+    operator fills a random token when it creates it and never reads or changes it afterwards (a
+    token the user put there first is kept). The routers mount it: the admin API and engine control
+    fan-out need it, and a fleet's routers authenticate their forwarding with it.
     """
     name = str((pool.get("metadata") or {}).get("name", ""))
     namespace = (pool.get("metadata") or {}).get("namespace", "default")
     child = router_name(name)
     labels = pool_labels(name, "router")
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(pool, admin_secret_name(name), labels),
+        "type": "Opaque",
+    }
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(pool, child, labels)}
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -340,6 +358,7 @@ def router_objects(*, pool: Mapping[str, Any], spec: RolloutPoolSpec, default_im
         "volumeMounts": [
             {"name": "state", "mountPath": STATE_PATH.rsplit("/", 1)[0]},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's emptyDir
+            {"name": "admin-token", "mountPath": ADMIN_TOKEN_PATH.rsplit("/", 1)[0], "readOnly": True},
         ],
         "securityContext": container_security,
     }
@@ -358,12 +377,22 @@ def router_objects(*, pool: Mapping[str, Any], spec: RolloutPoolSpec, default_im
                     "enableServiceLinks": False,
                     "securityContext": pod_security,
                     "containers": [container],
-                    "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [
+                        {"name": "state", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                        {
+                            "name": "admin-token",
+                            "secret": {
+                                "secretName": admin_secret_name(name),
+                                "items": [{"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY, "mode": 0o400}],
+                            },
+                        },
+                    ],
                 },
             },
         },
     }
-    return [with_spec_hash(obj) for obj in (account, role, binding, service, deployment)]
+    return [secret] + [with_spec_hash(obj) for obj in (account, role, binding, service, deployment)]
 
 
 def needs_update(*, observed: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_POOL_NAME_LENGTH",
     "ROUTER_PORT",
     "Component",
+    "admin_secret_name",
     "draining_from_pods",
     "engine_index",
     "engine_match_labels",
@@ -83,6 +84,11 @@ def engine_pod_name(pool: str, index: int) -> str:
 def router_name(pool: str) -> str:
     """Name of every router object of a pool: ``<pool>-router`` (pure)."""
     return f"{pool}-router"
+
+
+def admin_secret_name(pool: str) -> str:
+    """Name of the Secret holding a pool's router admin token: ``<pool>-router-admin`` (pure)."""
+    return f"{pool}-router-admin"
 
 
 def pool_labels(pool: str, component: Component, index: int | None = None) -> dict[str, str]:

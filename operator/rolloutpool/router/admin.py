@@ -9,10 +9,11 @@
   applied as a whole exactly as the router applies the pool's status when it watches the pool
   (``--pool``): what the benchmark's in-process control loop writes. A body that does not parse
   is a 400 and changes nothing.
-- ``/admin/rl/{call}`` (any method; ``call`` one of
-  :data:`~rolloutpool.routing.weights.WEIGHT_SYNC_CALLS`: ``pause``, ``resume``,
-  ``update_weights``, ``update_weight_version``, ``reset_prefix_cache``, ...): one URL
-  for the fleet's weight-sync calls. The call, its query (``mode``, ``clear_cache``, ...)
+- ``/admin/rl/{call}`` (any method; ``call`` one of vLLM's engine control calls,
+  :data:`~rolloutpool.routing.paths.CONTROL_PATHS`: ``pause``, ``resume``, ``update_weights``,
+  ``update_weight_version``, ``reset_prefix_cache``, ``sleep``, ``collective_rpc``,
+  ``v1/load_lora_adapter``, ...): one URL for the fleet's weight-sync and engine control calls, the only
+  way to reach them (the data port refuses them). The call, its query (``mode``, ``clear_cache``, ...)
   and its body go to every ready replica in parallel, each with its own timeout
   (``?timeout_s=``, default :data:`FAN_OUT_TIMEOUT_S`; the router keeps that parameter).
   The answer lists every replica: ``status`` (the engine's HTTP status, or null),
@@ -33,6 +34,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +47,8 @@ from rolloutpool.api.status import RolloutPoolStatus
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.sessions import SessionManager
 from rolloutpool.routing.discovery import operator_limits
-from rolloutpool.routing.weights import WEIGHT_SYNC_CALLS, call_flushes
+from rolloutpool.routing.paths import CONTROL_PATHS, control_call
+from rolloutpool.routing.weights import call_flushes
 
 __all__ = ["FAN_OUT_TIMEOUT_S", "AdminAPI", "fan_out_status"]
 
@@ -68,10 +71,17 @@ class AdminAPI:
     """Handlers of ``/admin``."""
 
     def __init__(
-        self, manager: SessionManager, token: str | None, *, client: Callable[[], aiohttp.ClientSession] | None = None
+        self,
+        manager: SessionManager,
+        token: str | None,
+        *,
+        client: Callable[[], aiohttp.ClientSession] | None = None,
+        engine_key: str | None = None,
     ) -> None:
         self.manager = manager
         self._token = token
+        self._engine_key = engine_key
+        """The data port's API key, sent to the engines as a bearer token (engines run with the same key)."""
         self._client = client
         """The upstream HTTP client (the proxy's), for the fan-out."""
 
@@ -150,17 +160,17 @@ class AdminAPI:
         """``/admin/rl/{call}``: one weight-sync call to every ready replica, answered per replica."""
         if (denied := self._denied(request)) is not None:
             return denied
-        call = request.match_info["call"]
-        if call not in WEIGHT_SYNC_CALLS:
-            known = ", ".join(WEIGHT_SYNC_CALLS)
-            return error_response(404, f"Unknown weight-sync call {call!r}; known: {known}.", param="call")
+        call = request.match_info["call"].strip("/")
+        if control_call(call) is None:
+            known = ", ".join(sorted(p.lstrip("/") for p in CONTROL_PATHS))
+            return error_response(404, f"Unknown engine control call {call!r}; known: {known}.", param="call")
         query = {k: v for k, v in request.query.items() if k != "timeout_s"}
         try:
             timeout_s = float(request.query.get("timeout_s", FAN_OUT_TIMEOUT_S))
-            if not timeout_s > 0:
+            if not 0 < timeout_s < math.inf:
                 raise ValueError
         except ValueError:
-            return error_response(400, "`timeout_s` must be a positive number of seconds.", param="timeout_s")
+            return error_response(400, "`timeout_s` must be a positive, finite number of seconds.", param="timeout_s")
         if self._client is None:  # pragma: no cover - wired by the application
             return error_response(503, "The fan-out has no upstream client.")
         body = await request.read() if request.can_read_body else b""
@@ -214,6 +224,8 @@ class AdminAPI:
         row["url"] = runtime.spec.url
         started = time.perf_counter()
         headers = {"Content-Type": "application/json"} if body else {}
+        if self._engine_key is not None:
+            headers["Authorization"] = f"Bearer {self._engine_key}"
         try:
             async with client.request(
                 method,

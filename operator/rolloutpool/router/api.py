@@ -14,8 +14,11 @@
   measured; the call never waits). Idempotent: a repeated or unknown id answers
   ``released: false`` and changes nothing. The next request with the same id after
   the release is a new session. A missing id is a 400, as vllm-router answers.
-- ``GET /health``: what RL frameworks poll. 200 when a new session could be placed
-  now (a ready, undrained, unquarantined replica under its cap), 503 otherwise.
+- ``GET /health``: what RL frameworks and probes poll. 200 whenever the router serves and at least
+  one replica is ready, a full fleet included (new sessions then wait in the admission queue, and
+  auxiliary requests are served at once); 503 only with no ready replica. The body says whether a
+  new session could be placed now (``placeable``). Liveness alone is ``/healthz`` (always 200 while
+  the process serves), readiness ``/readyz`` (the same rule as ``/health``).
 """
 
 from __future__ import annotations
@@ -104,12 +107,17 @@ class SessionAPI:
         return _json(answer)
 
     async def health(self, _: web.Request) -> web.Response:
-        """``GET /health``: 200 when a new session could be placed now, 503 otherwise."""
+        """``GET /health``: 200 while a replica is ready (a full fleet too), 503 with none."""
         replicas = self.manager.table.replicas.values()
         placeable = any(r.accepts_new() for r in replicas)
         ready = sum(r.ready for r in replicas)
-        body = {"status": "ok" if placeable else "unavailable", "placeable": placeable, "ready_replicas": ready}
-        return _json(body, status=200 if placeable else 503)
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "placeable": placeable,
+            "ready_replicas": ready,
+            "queued_sessions": self.manager.queue_depth,
+        }
+        return _json(body, status=200 if ready else 503)
 
     def _release(self, sid: str, *, how: str) -> web.Response:
         session = self.manager.release(sid, how=how)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import json
 import logging
 import time
@@ -32,7 +33,7 @@ from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
 from rolloutpool.router.fleet import Fleet
 from rolloutpool.router.instruments import RouterMetrics
-from rolloutpool.router.proxy import JSON_PATHS, Proxy
+from rolloutpool.router.proxy import DATA_PATHS, Proxy
 from rolloutpool.router.renewal import Renewer
 from rolloutpool.router.scrape import Scraper
 from rolloutpool.router.sessions import SessionManager
@@ -40,7 +41,7 @@ from rolloutpool.router.state import SnapshotWriter, load_snapshot
 from rolloutpool.router.trace_writer import TraceWriter, trace_writer
 from rolloutpool.router.types import ClientFactory, Clock, Discovery, LimitsSource
 
-__all__ = ["OWNED_PREFIXES", "ROUTER", "RouterService", "build_app", "run_router"]
+__all__ = ["OPEN_PATHS", "OWNED_PREFIXES", "ROUTER", "RouterService", "build_app", "run_router"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OWNED_PREFIXES = ("/v1/sessions", "/finish_session", "/admin", "/health", "/healthz", "/readyz", "/metrics")
 """Paths the router answers itself: never forwarded (an unserved method there is a 405)."""
+OPEN_PATHS = frozenset(("/health", "/healthz", "/readyz", "/metrics"))
+"""Paths served without the data port's API key (probes and Prometheus); ``/admin`` has its own token."""
 _FORWARDED = "/{path:.*}"
 _FORWARDED_CANONICAL = "/{path}"
 
@@ -83,7 +86,9 @@ class RouterService:
         self.renewer = None if config.renew_every_s is None else Renewer(self.manager, every_s=config.renew_every_s)
         self.proxy.renewer = self.renewer
         self.sessions = SessionAPI(self.manager)
-        self.admin = AdminAPI(self.manager, config.admin_token, client=lambda: self.proxy.client)
+        self.admin = AdminAPI(
+            self.manager, config.admin_token, client=lambda: self.proxy.client, engine_key=config.api_key
+        )
         self.writer: SnapshotWriter | None = None
         self.trace: TraceWriter | None = None
         self._client_factory = client_factory
@@ -199,7 +204,7 @@ class RouterService:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        """``GET /readyz``: at least one replica is ready."""
+        """``GET /readyz``: at least one replica is ready (readiness; ``/healthz`` is liveness)."""
         ready = [r.name for r in self.manager.table.replicas.values() if r.ready]
         status = 200 if ready else 503
         return web.Response(
@@ -213,6 +218,18 @@ class RouterService:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- middleware --------------------------------------------------------------------
+
+    @web.middleware
+    async def authorize(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """With ``api_key`` (vllm-router's ``--api-key``): the data port and session API need it as a bearer token."""
+        key = self.config.api_key
+        path = request.path
+        if key is None or path in OPEN_PATHS or path == "/admin" or path.startswith("/admin/"):
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            return error_response(401, "A valid API key is required (Authorization: Bearer KEY).")
+        return await handler(request)
 
     @web.middleware
     async def observe(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
@@ -235,7 +252,7 @@ class RouterService:
             if (
                 endpoint == _FORWARDED_CANONICAL
             ):  # a known engine path names itself; any other is "other" (bounded labels)
-                endpoint = request.path if request.path in JSON_PATHS else "other"
+                endpoint = request.path if request.path in DATA_PATHS else "other"
             key = (endpoint, status)
             child = self._latency.get(key)
             if child is None:  # one label lookup per (endpoint, status), not per request
@@ -265,7 +282,7 @@ def build_app(
     :class:`rolloutpool.kube.pools.PoolWatch`); they combine with the router's own.
     """
     service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe])
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe, service.authorize])
     app[ROUTER] = service
     if fleet is not None:  # one of N routers: forward sessions owned elsewhere (router/fleet.py)
         fleet.install(app, manager=service.manager, proxy=service.proxy)
@@ -284,10 +301,10 @@ def build_app(
     add.add_get("/metrics", service.prometheus)
     # vllm-router drop-in: the health RL frameworks poll; one URL for the fleet's weight-sync calls
     add.add_get("/health", service.sessions.health)
-    add.add_route("*", "/admin/rl/{call}", service.admin.fan_out)
+    add.add_route("*", "/admin/rl/{call:.+}", service.admin.fan_out)
     # -- every other path and method: forwarded to the session's replica (registered last, matched last)
     service.proxy.owned = OWNED_PREFIXES
-    for path in sorted(JSON_PATHS):  # plain routes resolve by one dict lookup, before the pattern below
+    for path in sorted(DATA_PATHS):  # plain routes resolve by one dict lookup, before the pattern below
         add.add_route("*", path, service.proxy.forward)
     add.add_route("*", _FORWARDED, service.proxy.forward)
     app.on_startup.append(service.start)

@@ -9,7 +9,8 @@ one of three groups:
 - honoured: translated into a :class:`~rolloutpool.router.config.RouterConfig` field
   (``--worker-urls``, ``--request-id-headers``, ``--request-timeout-secs``,
   ``--max-payload-size``, ``--queue-size``, ``--queue-timeout-secs``,
-  ``--kv-aware-session-affinity-ttl-secs``, ``--log-level``);
+  ``--kv-aware-session-affinity-ttl-secs``, ``--log-level``, ``--api-key``: clients must send it as a
+  bearer token, and the router's own engine calls carry it);
 - accepted: nothing changes for us (another router's tuning, e.g. ``--policy``, whose
   place our session-aware placement takes; ``--cache-threshold``; retries and circuit
   breakers, which our readiness and quarantine replace). Each is named once in a log line;
@@ -93,7 +94,6 @@ REFUSED: dict[str, str] = {
     "--wasm-middleware-sha256": "WASM middleware is not supported",
     "--wasm-middleware-route": "WASM middleware is not supported",
     "--enable-igw": "one router serves one model; run one router per model",
-    "--api-key": "the router forwards the client's Authorization header to the engines; send the key from the client",
     "--cors-allowed-origins": "the router sends no CORS headers",
     "--service-discovery": "use --discover-namespace and --discover-selector (Kubernetes pods)",
     "--selector": "use --discover-namespace and --discover-selector (Kubernetes pods)",
@@ -151,6 +151,7 @@ def _parser() -> _Parser:
     parser.add_argument("--queue-timeout-secs", type=float, default=None)
     parser.add_argument("--kv-aware-session-affinity-ttl-secs", type=float, default=None)
     parser.add_argument("--log-level", choices=_LOG_LEVELS, default=None)
+    parser.add_argument("--api-key", default=None)
     for flag in (*ACCEPTED, *REFUSED):
         dest = "x_" + flag.lstrip("-").replace("-", "_")
         if flag == "--policy":
@@ -168,6 +169,15 @@ def replica_name(url: str) -> str:
     if parts.scheme not in {"http", "https"} or not parts.netloc:
         raise CompatError(f"--worker-urls: {url!r} is not an http(s)://host[:port] URL")
     return parts.netloc
+
+
+def _api_key(given: dict[str, Any]) -> dict[str, str]:
+    """``--api-key``: the data port's bearer token (an empty key is refused)."""
+    if "api_key" not in given:
+        return {}
+    if not given["api_key"].strip():
+        raise CompatError("--api-key: must not be empty")
+    return {"api_key": given["api_key"].strip()}
 
 
 def translate(args: list[str]) -> Translation:
@@ -201,6 +211,7 @@ def translate(args: list[str]) -> Translation:
                 f"got {headers}"
             )
         overrides["session_header"] = headers[0].strip()
+    overrides.update(_api_key(given))
     urls = tuple(u.strip() for u in given.get("worker_urls", []))
     names = [replica_name(u) for u in urls]
     if len(set(names)) != len(names):

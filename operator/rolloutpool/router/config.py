@@ -111,6 +111,12 @@ class RouterConfig:
     """Block size assumed until a replica's ``cache_config_info`` is scraped."""
     measure_streams: bool = True
     """Ask for ``include_usage`` on streams whose client did not, and drop that extra chunk."""
+    allowed_paths: frozenset[str] = frozenset()
+    """Paths the data port forwards besides its own list (:mod:`rolloutpool.routing.paths`), as auxiliary
+    requests: ``--allow-path``. Engine control paths are otherwise reachable only through the admin fan-out."""
+    api_key: str | None = field(default=None, repr=False)
+    """vllm-router's ``--api-key``: clients of the data port and the session API must send it as a bearer token
+    (``Authorization: Bearer KEY``), and the router sends it to the engines on its own requests. Never logged."""
 
     renew_every_s: float | None = None
     """Prefix renewal: a live session idle this long has its last context re-sent with ``max_tokens=1``
@@ -142,6 +148,7 @@ class RouterConfig:
         parse_fields(self.session_body_fields)  # raises ValueError on a malformed field name
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: empty; give a non-empty token or none (admin API disabled)")
+        self._check_data_port()
         if not self.replicas and not self.discovery:
             raise ValueError("replicas: at least one replica is required (or discovery)")
         names = [r.name for r in self.replicas]
@@ -175,6 +182,13 @@ class RouterConfig:
             raise ValueError("queue_max and retry_after_s must be >= 0, unready_after_failures >= 1")
         if self.max_body_bytes < 1024 or self.default_block_size < 1 or self.trace_max_bytes < 512:
             raise ValueError("max_body_bytes must be >= 1024, default_block_size >= 1 and trace_max_bytes >= 512")
+
+    def _check_data_port(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key: empty; give a non-empty key or none (the data port is open)")
+        for path in self.allowed_paths:
+            if not path.startswith("/") or any(c.isspace() for c in path):
+                raise ValueError(f"allowed path {path!r} must start with '/' and hold no blanks")
 
     def replica(self, name: str) -> ReplicaSpec | None:
         """The replica named ``name``, if configured."""

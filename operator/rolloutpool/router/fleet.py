@@ -9,6 +9,9 @@ a router that receives a request of a session it does not own forwards the raw r
 owner and relays its answer byte for byte — at most one extra hop, since a forwarded request
 (header ``X-RolloutPool-Forwarded``) is always served where it lands, even when the two
 routers disagree about the ring for a moment. Requests without a session id are served locally.
+A forwarded request proves it comes from a peer: it carries ``X-RolloutPool-Peer-Auth``, a key
+derived from the fleet's shared admin token (:func:`peer_key`); a request that claims to be
+forwarded without it is refused (403), so a client cannot pin one session on several engines.
 
 When the ring changes (a router joins, leaves or dies) each router releases the sessions it no
 longer owns (``how="moved"``); their next turn is placed once by the new owner (one re-prefill
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,12 +48,21 @@ if TYPE_CHECKING:
     from rolloutpool.router.proxy import Proxy
     from rolloutpool.router.sessions import SessionManager
 
-__all__ = ["FORWARDED_HEADER", "Fleet", "FleetSource", "static_source"]
+__all__ = ["FORWARDED_HEADER", "PEER_AUTH_HEADER", "Fleet", "FleetSource", "peer_key", "static_source"]
 
 _log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-RolloutPool-Forwarded"
 """Set (to the sender's name) on a request forwarded to its owner; such a request is never forwarded again."""
+
+PEER_AUTH_HEADER = "X-RolloutPool-Peer-Auth"
+"""The proof a forwarded request comes from a router of the fleet (:func:`peer_key`); never sent to an engine."""
+
+
+def peer_key(admin_token: str) -> str:
+    """The key routers of one fleet authenticate forwarded requests with: derived, so the admin token never travels."""
+    return hmac.new(admin_token.encode(), b"rolloutpool-fleet-peer-v1", hashlib.sha256).hexdigest()
+
 
 FleetSource: TypeAlias = Callable[[], AsyncIterator[FleetView]]
 """Starts a source of fleet views (Kubernetes pods, or one static view)."""
@@ -78,6 +92,7 @@ class Fleet:
         *,
         self_name: str,
         source: FleetSource,
+        admin_token: str | None,
         session_header: str = "X-Session-ID",
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 600.0,
@@ -85,7 +100,13 @@ class Fleet:
     ) -> None:
         if not self_name:
             raise ValueError("self_name: a router of a fleet needs its own name")
+        if not admin_token:
+            raise ValueError(
+                "a router of a fleet needs the admin token (--admin-token-file, the same on every router): peers "
+                "authenticate the requests they forward to each other with it"
+            )
         self.self_name = self_name
+        self._peer_key = peer_key(admin_token)
         self.session_header = session_header
         self.view = FleetView(owners={}, peers={})
         self.manager: SessionManager | None = None
@@ -201,7 +222,15 @@ class Fleet:
     @web.middleware
     async def middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         """Forward a request of a session owned by another router; serve everything else here."""
-        if FORWARDED_HEADER in request.headers or request.path in _LOCAL_PATHS or request.path.startswith("/admin"):
+        if FORWARDED_HEADER in request.headers:
+            given = request.headers.get(PEER_AUTH_HEADER, "")
+            if not hmac.compare_digest(given.encode(), self._peer_key.encode()):
+                self._count("unknown", "refused")
+                return error_response(
+                    403, f"{FORWARDED_HEADER} is reserved for the routers of the fleet (no valid {PEER_AUTH_HEADER})."
+                )
+            return await handler(request)
+        if request.path in _LOCAL_PATHS or request.path.startswith("/admin"):
             return await handler(request)
         key = self._key(request)
         if key is None and request.method == "POST" and request.path in {"/v1/sessions", "/finish_session"}:
@@ -239,8 +268,13 @@ class Fleet:
         if self._client is None:
             raise RuntimeError("the fleet forwards only between startup and cleanup")
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP | {"content-length"}}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_BY_HOP | {"content-length"} and not k.lower().startswith("x-rolloutpool-")
+        }
         headers[FORWARDED_HEADER] = self.self_name
+        headers[PEER_AUTH_HEADER] = self._peer_key
         response: web.StreamResponse | None = None
         try:
             async with self._client.request(

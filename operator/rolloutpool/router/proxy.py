@@ -1,20 +1,30 @@
-"""The data path: every engine path, forwarded to the replica of its session (DESIGN sections 3 and 10).
+"""The data path: the engine paths a trainer may reach, forwarded to the replica of its session (DESIGN 3, 10, 12).
 
-One handler serves every path the router does not own itself (its session and
-admin API, health, metrics): ``/v1/completions``, ``/v1/chat/completions``, vLLM's
-``/inference/v1/generate``, ``/v1/responses``, ``/tokenize``, ... and paths nobody
-listed, any method. Each request: its session key (the header, else the body:
-:mod:`rolloutpool.routing.sessionkey`), then the session's replica, placed under
-caps through the admission queue when new, then the received bytes forwarded
-unchanged (:mod:`rolloutpool.routing.requestbody` reads the few fields routing
-needs without decoding the body). A request without a key is a one-turn session
-released when it ends.
+One handler serves every path the router does not own itself (its session and admin API,
+health, metrics), after :func:`rolloutpool.routing.paths.classify` says what the path is for:
+
+- generation (``/v1/completions``, ``/v1/chat/completions``, vLLM's ``/inference/v1/generate``,
+  ``/v1/responses``, ...): its session key (the header, else the body:
+  :mod:`rolloutpool.routing.sessionkey`), then the session's replica, placed under caps through the
+  admission queue when new, then the received bytes forwarded unchanged
+  (:mod:`rolloutpool.routing.requestbody` reads the few fields routing needs without decoding the
+  body). A request without a key is a one-turn session released when it ends. A session that the
+  request created is released again when the engine refuses that request (any status but 2xx), so a
+  rejected request leaves no session behind. A body without ``model`` goes to the engine as it came:
+  vLLM serves its one model then, and so does the router.
+- auxiliary (tokenize, detokenize, render, embeddings, ...): no session is created, nothing waits
+  and nothing is refused for capacity; the request goes to the replica of the live session it names,
+  else to the next ready replica in turn.
+- engine control (``/pause``, ``/update_weights``, ``/reset_prefix_cache``, ``/sleep``, ...): refused
+  with a 403 that names the authenticated admin fan-out; unknown paths: 404 (``--allow-path`` forwards
+  more).
 
 Every response carrying the OpenAI ``usage`` object (any path; the final chunk of a
 stream) feeds the fast loop: a returning session whose ``cached_tokens`` fell short
 of its previous context was re-prefilled, which may quarantine the replica.
 Responses pass through unchanged (status, body, headers but the hop-by-hop ones);
-the router adds ``X-RolloutPool-Replica``.
+the router adds ``X-RolloutPool-Replica``. Request headers the router owns (the fleet's
+``X-RolloutPool-*``) never reach an engine.
 
 Streams: when the client did not ask for ``stream_options.include_usage`` (and
 ``measure_streams`` is on) on a path that takes it, the router asks for it and
@@ -48,6 +58,7 @@ from rolloutpool.router.renewal_body import TextCollector, response_text
 from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager
 from rolloutpool.router.types import JSONObject
 from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from rolloutpool.routing.paths import AUXILIARY_PATHS, GENERATION_PATHS, PathKind, classify, refusal
 from rolloutpool.routing.requestbody import BodyError, RequestBody, read_body
 from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, parse_fields
 from rolloutpool.routing.table import Session
@@ -57,7 +68,7 @@ if TYPE_CHECKING:
     from rolloutpool.router.renewal import Renewer
 
 __all__ = [
-    "JSON_PATHS",
+    "DATA_PATHS",
     "OPENAI_PATHS",
     "REPLICA_HEADER",
     "USAGE_STREAM_PATHS",
@@ -75,19 +86,13 @@ REPLICA_HEADER = "X-RolloutPool-Replica"
 """Response header naming the replica that served the request."""
 
 OPENAI_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
-"""Generation paths whose body must name a model, and whose answers feed prefix renewal."""
+"""Generation paths whose answers feed prefix renewal (and close a turn even without usage)."""
 USAGE_STREAM_PATHS = OPENAI_PATHS | {"/inference/v1/generate"}
 """Paths that take ``stream_options.include_usage`` (the router may inject it)."""
-JSON_PATHS = USAGE_STREAM_PATHS | {
-    "/v1/responses",
-    "/v1/chat/completions/render",
-    "/v1/completions/render",
-    "/tokenize",
-    "/detokenize",
-    "/skyrl/v1/generate",
-    "/v1/messages",
-}
-"""Paths that take a JSON object: a body that is not one is the router's 400 (elsewhere it is forwarded)."""
+DATA_PATHS = GENERATION_PATHS | AUXILIARY_PATHS
+"""The fixed paths of the data port (:mod:`rolloutpool.routing.paths`): plain routes, and metric labels."""
+ROUTER_HEADER_PREFIX = "x-rolloutpool-"
+"""Request headers the router and its peers own (fleet forwarding): never forwarded to an engine."""
 
 # hop-by-hop (RFC 9110 7.6.1) and what the client library sets itself
 # (and Accept-Encoding: the engine answers uncompressed, so that the router can read usage)
@@ -163,6 +168,7 @@ class Proxy:
         self._timeout = upstream_timeout(self.config)
         self._fields = parse_fields(self.config.session_body_fields)
         self._oneshot = itertools.count()
+        self._aux_turn = itertools.count()
         self._oneshot_prefix = f"oneshot-{uuid.uuid4().hex[:12]}-"
 
     def _owns(self, path: str) -> bool:
@@ -207,34 +213,47 @@ class Proxy:
     # -- any engine path ---------------------------------------------------------------
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        """Any path the router does not own: read the session key, then serve it on the session's replica."""
+        """Any path the router does not own: refuse it, or serve it as generation or as an auxiliary request."""
         cfg = self.config
         path = request.path
         if path.startswith(self.owned) and self._owns(path):
             return error_response(405, f"{request.method} is not served on {path}.")
-        raw = await read_raw(request, max_bytes=cfg.max_body_bytes)
-        if isinstance(raw, web.Response):
-            return raw
-        try:
-            body = read_body(
-                raw,
-                header_key=header_session_key(request.headers, header=cfg.session_header),
-                fields=self._fields,
-                json_path=path in JSON_PATHS,
-                need_model=path in OPENAI_PATHS,
-                measure_stream=cfg.measure_streams and path in USAGE_STREAM_PATHS,
-                want_salt=True,
-            )
-        except SessionKeyError as exc:
-            return error_response(400, str(exc), param=exc.field)
-        except BodyError as exc:
-            return error_response(400, str(exc), param=exc.param)
+        kind = classify(path, allowed=cfg.allowed_paths)
+        if kind is PathKind.CONTROL or kind is PathKind.UNKNOWN:
+            status, message = refusal(path, kind)
+            return error_response(status, message)
+        generation = kind is PathKind.GENERATION
+        body = await self._read(request, generation=generation)
+        if isinstance(body, web.Response):
+            return body
+        if not generation:
+            return await self.auxiliary(request, body)
         # The session key is known here and nothing is placed yet: the one place to hook routing decisions.
         if self.fleet is not None and body.key is not None:  # one of N routers: its owner may be another router
             forwarded = await self.fleet.forward_if_foreign(request, body.key)
             if forwarded is not None:
                 return forwarded
         return await self.serve(request, path, body)
+
+    async def _read(self, request: web.Request, *, generation: bool) -> RequestBody | web.Response:
+        """What routing needs of the body (a generation path's must be a JSON object), or the router's 4xx."""
+        cfg = self.config
+        raw = await read_raw(request, max_bytes=cfg.max_body_bytes)
+        if isinstance(raw, web.Response):
+            return raw
+        try:
+            return read_body(
+                raw,
+                header_key=header_session_key(request.headers, header=cfg.session_header),
+                fields=self._fields,
+                json_path=generation,
+                measure_stream=generation and cfg.measure_streams and request.path in USAGE_STREAM_PATHS,
+                want_salt=generation,
+            )
+        except SessionKeyError as exc:
+            return error_response(400, str(exc), param=exc.field)
+        except BodyError as exc:
+            return error_response(400, str(exc), param=exc.param)
 
     async def serve(self, request: web.Request, path: str, body: RequestBody) -> web.StreamResponse:
         """Place (or find) the request's session, forward the request there, then account for the turn."""
@@ -244,7 +263,7 @@ class Proxy:
         headers = request.headers
         group = headers.get(cfg.group_header) or None
         try:
-            session, _ = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
+            session, created = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
         except AdmissionError as exc:
             return admission_response(exc, cfg)
         self.manager.weights.note_salt(sid, body.salt)  # a new salt re-prefills: routing/weights.py
@@ -252,17 +271,67 @@ class Proxy:
         renewer = None if ephemeral or path not in OPENAI_PATHS else self.renewer
         if renewer is not None:
             renewer.turn_started(sid)
+        status = 500
         try:
-            return await self._forward(request, session, path, body, renewer)
+            response = await self._forward(request, session, path, body, renewer)
+            status = response.status
+            return response
         finally:
             self.manager.end(session)
             if ephemeral:
                 if self.manager.is_current(session):
                     self.manager.release(sid, how="request")
+            elif created and not 200 <= status < 300 and self.manager.is_current(session):
+                self.manager.release(sid, how="rejected")  # the request that made it was refused: no session
             elif cfg.final_header in headers and headers[cfg.final_header].strip().lower() in _TRUE:
                 self.manager.release(sid, how="final")
             if renewer is not None:
                 renewer.turn_ended(session)
+
+    def _auxiliary_replica(self, key: str | None) -> str | None:
+        """Where an auxiliary request goes: its live session's replica, else the next ready replica in turn."""
+        session = None if key is None else self.manager.lookup(key)
+        if session is not None and session.replica in self.manager.runtime:
+            return session.replica
+        ready = [r.name for r in self.manager.table.replicas.values() if r.ready]
+        if not ready:
+            return None
+        return ready[next(self._aux_turn) % len(ready)]
+
+    async def auxiliary(self, request: web.Request, body: RequestBody) -> web.StreamResponse:
+        """An auxiliary request: forwarded at once, with no session, no queue and no accounting."""
+        replica = self._auxiliary_replica(body.key)
+        if replica is None:
+            return error_response(503, "No replica is ready.", headers={"Retry-After": str(self.config.retry_after_s)})
+        if self._pool is None:
+            raise RuntimeError("the proxy serves only between startup and cleanup")
+        data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
+        upstream: UpstreamResponse | None = None
+        try:
+            upstream = await self._pool.request(
+                self.manager.runtime[replica].spec.url,
+                request.method,
+                request.raw_path,
+                _forward_headers(request),
+                data,
+            )
+            headers = _response_headers(upstream, replica)
+            if not upstream.header("Content-Type").startswith("text/event-stream"):
+                return web.Response(body=await upstream.read(), status=upstream.status, headers=headers)
+            response = web.StreamResponse(status=upstream.status, headers=headers)
+            await response.prepare(request)
+            while chunk := await upstream.next_chunk():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        except TimeoutError:
+            return error_response(504, f"Replica {replica} did not answer within the timeout.")
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(replica, exc.kind).inc()
+            return error_response(502, f"Replica {replica} failed: {exc.kind}.")
+        finally:
+            if upstream is not None:
+                upstream.release()
 
     async def _forward(
         self, request: web.Request, session: Session, path: str, body: RequestBody, renewer: Renewer | None
@@ -270,11 +339,14 @@ class Proxy:
         replica = session.replica
         if self._pool is None:
             raise RuntimeError("the proxy serves only between startup and cleanup")
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _REQUEST_SKIP]
         data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
         try:
             upstream = await self._pool.request(
-                self.manager.runtime[replica].spec.url, request.method, request.raw_path, headers, data
+                self.manager.runtime[replica].spec.url,
+                request.method,
+                request.raw_path,
+                _forward_headers(request),
+                data,
             )
         except TimeoutError:
             return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")
@@ -388,6 +460,15 @@ class Proxy:
         except ConnectionError:
             pass
         return response
+
+
+def _forward_headers(request: web.Request) -> list[tuple[str, str]]:
+    """The client's headers an engine receives: none hop-by-hop, none of the router's own."""
+    return [
+        (k, v)
+        for k, v in request.headers.items()
+        if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(ROUTER_HEADER_PREFIX)
+    ]
 
 
 def _response_headers(upstream: UpstreamResponse, replica: str) -> CIMultiDict[str]:

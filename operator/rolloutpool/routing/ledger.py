@@ -57,8 +57,9 @@ from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
-_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved"})
-"""Release paths that say nothing about the replica's pressure (the session did not finish there)."""
+_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved", "rejected"})
+"""Release paths that say nothing about the replica's pressure (the session did not finish there; ``rejected``:
+the engine refused the request that created it)."""
 
 
 class Ledger:

@@ -1,9 +1,9 @@
 """What the router reads from a request body, and the one change it may make to it (pure).
 
 The router forwards the bytes it received. It reads only: the session key (when no
-header carries it), ``model`` on the OpenAI generation paths (a missing model is
-the router's 400, as before), and, where it measures streams, ``stream`` and
-``stream_options``. Those few top-level fields are found by
+header carries it), ``cache_salt`` where asked, and, where it measures streams, ``stream`` and
+``stream_options`` (a missing ``model`` is the engine's to serve: vLLM answers with its one
+model). Those few top-level fields are found by
 :func:`rolloutpool.routing.bodyscan.scan_object` and only they are decoded (orjson);
 a body the scan cannot walk is decoded once in full. The one change: a stream whose
 client did not ask for ``stream_options.include_usage`` gets it spliced in (every
@@ -26,7 +26,7 @@ from rolloutpool.routing.sessionkey import body_session_key
 
 __all__ = ["SMALL_BODY_BYTES", "BodyError", "RequestBody", "read_body"]
 
-_STREAM, _OPTIONS, _MODEL, _SALT = b"stream", b"stream_options", b"model", b"cache_salt"
+_STREAM, _OPTIONS, _SALT = b"stream", b"stream_options", b"cache_salt"
 _INCLUDE_USAGE = orjson.dumps({"include_usage": True})
 
 SMALL_BODY_BYTES = 4096
@@ -58,12 +58,8 @@ class RequestBody:
 
 
 @functools.cache
-def _wanted(
-    fields: tuple[tuple[str, ...], ...], *, need_model: bool, measure_stream: bool, want_salt: bool
-) -> frozenset[bytes]:
+def _wanted(fields: tuple[tuple[str, ...], ...], *, measure_stream: bool, want_salt: bool) -> frozenset[bytes]:
     wanted = {path[0].encode() for path in fields}
-    if need_model:
-        wanted.add(_MODEL)
     if want_salt:
         wanted.add(_SALT)
     if measure_stream:
@@ -81,7 +77,6 @@ def read_body(
     header_key: str | None,
     fields: Sequence[tuple[str, ...]],
     json_path: bool,
-    need_model: bool,
     measure_stream: bool,
     want_salt: bool = False,
 ) -> RequestBody:
@@ -89,16 +84,14 @@ def read_body(
 
     ``json_path``: the path takes a JSON object (an invalid one is the router's 400);
     elsewhere a body that is not a JSON object is forwarded untouched, keyed by the
-    header alone. ``need_model``: a missing ``model`` is a 400. ``measure_stream``: read
+    header alone. ``measure_stream``: read
     ``stream`` and splice ``include_usage`` in when the client did not ask for it.
     ``want_salt``: read ``cache_salt`` too.
     """
     need_key = header_key is None
-    if not (need_key or need_model or measure_stream or want_salt) or (not json_path and not raw):
+    if not (need_key or measure_stream or want_salt) or (not json_path and not raw):
         return RequestBody(header_key, stream=False, injected=False, body=raw)
-    wanted = _wanted(
-        tuple(fields) if need_key else (), need_model=need_model, measure_stream=measure_stream, want_salt=want_salt
-    )
+    wanted = _wanted(tuple(fields) if need_key else (), measure_stream=measure_stream, want_salt=want_salt)
     spans: dict[bytes, tuple[int, int]] | None = None
     decoded: dict[bytes, Any] = {}
     if len(raw) > SMALL_BODY_BYTES:
@@ -113,10 +106,6 @@ def read_body(
         if whole is None:
             return RequestBody(header_key, stream=False, injected=False, body=raw)
         decoded = {k: whole.get(k.decode()) for k in wanted}
-    if need_model:
-        model = decoded.get(_MODEL)
-        if not isinstance(model, str) or not model:
-            raise BodyError("The request body must name a model (`model`).", param="model")
     key = header_key
     if need_key:
         key = body_session_key({k.decode(): v for k, v in decoded.items()}, fields=fields)

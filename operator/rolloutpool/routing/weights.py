@@ -35,7 +35,6 @@ from rolloutpool.routing.quarantine import PressureState
 
 __all__ = [
     "FLUSHING_OPERATIONS",
-    "WEIGHT_SYNC_CALLS",
     "TurnMark",
     "WeightConfig",
     "WeightTracker",
@@ -45,20 +44,6 @@ __all__ = [
     "observe_scrape_excused",
     "reprefill_excuse",
 ]
-
-WEIGHT_SYNC_CALLS = (
-    "pause",
-    "resume",
-    "is_paused",
-    "init_weight_transfer_engine",
-    "start_weight_update",
-    "update_weights",
-    "finish_weight_update",
-    "update_weight_version",
-    "weight_info",
-    "reset_prefix_cache",
-)
-"""vLLM 0.32's RL control endpoints (paths without the slash) the router's fan-out forwards."""
 
 FLUSHING_OPERATIONS = frozenset({"pause", "update_weights", "reset_prefix_cache"})
 """``operation`` labels of ``vllm:rl_weight_update_*`` that may clear the prefix cache."""

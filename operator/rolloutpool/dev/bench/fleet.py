@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -41,6 +42,8 @@ class FleetUrls:
     """The base URLs of one fleet's routers."""
 
     routers: list[str]
+    admin_token: str = field(default="", repr=False)
+    """The fleet's shared admin token (the admin API, and the peers' forwarding)."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +89,24 @@ def start_engines(procs: ProcessSet, count: int, *, time_scale: float = 1000.0) 
 def start_fleet(
     procs: ProcessSet, engines: dict[str, str], routers: int, *, name: str, extra: Sequence[str] = ()
 ) -> FleetUrls:
-    """A static fleet of ``routers`` router processes in front of ``engines`` (``extra``: more router flags)."""
+    """A static fleet of ``routers`` router processes in front of ``engines`` (``extra``: more router flags).
+
+    The routers share one admin token (``FleetUrls.admin_token``), which also authenticates their forwarding.
+    """
     ports = [free_port() for _ in range(routers)]
     urls = [f"http://{LOOPBACK}:{p}" for p in ports]
+    token = secrets.token_urlsafe(24)
+    token_file = procs.log_dir / f"{name}-admin-token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
     for i, (port, url) in enumerate(zip(ports, urls, strict=True)):
         argv = rolloutpool_argv(
             "router", f"--host={LOOPBACK}", f"--port={port}", f"--self-url={url}", f"--peer-urls={','.join(urls)}",
             "--scrape-interval=1", *(f"--replica={n}={u}" for n, u in engines.items()),
-            *extra,
+            f"--admin-token-file={token_file}", *extra,
         )  # fmt: skip
         procs.start(f"{name}-router-{i}", argv, ready_url=f"{url}/readyz")
-    return FleetUrls(urls)
+    return FleetUrls(urls, admin_token=token)
 
 
 _LUA = """
