@@ -182,9 +182,7 @@ async def test_vllm_router_api_key_is_a_bearer_token_on_the_data_port(keyed: str
     async with aiohttp.ClientSession() as http:
         assert (await _turn(http, keyed, None))[0] == 401
         headers = {"Authorization": f"Bearer {API_KEY}"}
-        async with http.post(
-            f"{keyed}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=headers
-        ) as resp:
+        async with http.post(f"{keyed}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=headers) as resp:
             assert resp.status == 200
         async with http.post(f"{keyed}/finish_session?session_id=x") as resp:
             assert resp.status == 401
