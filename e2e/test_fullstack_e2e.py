@@ -23,6 +23,7 @@ through a quarantine and its release) and ``docs/img/fullstack-describe-rp.txt``
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -31,6 +32,7 @@ import re
 import time
 import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,6 +178,44 @@ def test_helm_installed_operator_runs_under_its_own_account_and_the_pool_becomes
     assert condition(pool, "Ready")["reason"] == "Ready"
     assert pool["status"]["readyReplicas"] == 3
     assert http_json("GET", f"{_router(stack)}/v1/models")["data"], "the router serves no model"
+
+
+def _bearer(method: str, url: str, token: str) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=b"{}", method=method, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own http URL
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read() or b"null")
+
+
+def test_a_client_cannot_pause_an_engine_through_the_router_and_the_provisioned_admin_token_can(
+    stack: LocalStack, manifest: dict[str, Any]
+) -> None:
+    _quiet(stack)
+    url = _router(stack)
+    engines = [f"http://{p['status']['podIP']}:8000" for p in engine_pods(stack, POOL).values()]
+
+    def paused() -> list[bool]:
+        return [bool(http_json("GET", f"{e}/is_paused")["is_paused"]) for e in engines]
+
+    for path in ("/pause?mode=keep", "/reset_prefix_cache", "/update_weights"):
+        status, body = _bearer("POST", f"{url}{path}", "not-a-token")
+        assert status == 403, (path, body)
+        assert "/admin/rl/" in body["error"]["message"]
+    assert paused() == [False] * len(engines)
+    # the operator made the router's admin token (create-only RBAC: it cannot read it back) and the router has it
+    secret = stack.get_json("secret", f"{POOL}-router-admin")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert stack.cluster.kubectl("auth", "can-i", "create", "secrets", f"--as={SA}", "-A").stdout.strip() == "yes"
+    assert _bearer("POST", f"{url}/admin/rl/pause?mode=keep", "wrong")[0] == 401
+    status, body = _bearer("POST", f"{url}/admin/rl/pause?mode=keep", token)
+    assert (status, body["ok"]) == (200, len(engines)), body
+    assert paused() == [True] * len(engines)
+    status, body = _bearer("POST", f"{url}/admin/rl/resume", token)
+    assert status == 200, body
+    assert paused() == [False] * len(engines)
 
 
 def test_load_quarantines_a_replica_and_the_quarantine_clears_when_sessions_end(
