@@ -11,12 +11,15 @@ import contextlib
 import json
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rolloutpool.dev.bench.conformance import TRAINER_JSON, observe_sim_trainer
+from rolloutpool.dev.bench.conformance_trainer import SHAPE_CASES, compare_trainer, from_json, shape_paths
 from rolloutpool.engine.server import calls, generate
 from rolloutpool.engine.server.app import ServerConfig, build_app
 from routerkit import ENGINE_DEFAULTS, MODEL, serve, sse
@@ -235,3 +238,31 @@ async def test_logprobs_cost_nothing_when_not_asked_for(monkeypatch: pytest.Monk
         status, answer = await e.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "logprobs": 1})
         assert status == 500  # the scorer is reached only when asked for
         assert "AssertionError" in answer["error"]["message"]
+
+
+# -- against a real vLLM's answers, recorded by the conformance run ------------------------------------
+
+
+async def test_engine_sim_answers_trainers_in_the_shapes_a_real_vllm_did() -> None:
+    recorded = from_json(json.loads((Path(__file__).parent / "data" / TRAINER_JSON.name).read_text()))
+    assert len(recorded.shapes) == len(SHAPE_CASES)
+    sim = await observe_sim_trainer()
+    rows = compare_trainer(recorded, sim)
+    assert [row for row in rows if not row[4]] == []
+    assert len(rows) == len(SHAPE_CASES) + len(recorded.accounting)
+
+
+def test_shape_paths_see_types_lengths_and_top_k_sizes() -> None:
+    k2 = {"top_logprobs": [{"a": -0.1, "b": -1.0}, {"c": -0.2, "d": -1.1, "e": -2.0}], "tokens": ["a", "c"]}
+    shape = shape_paths({"choices": [{"logprobs": k2, "bytes": [1, 2, 3]}]}, k=2)
+    assert shape["choices[].logprobs.top_logprobs[]#size"] == "k..k+1"  # 2 and 3 entries read alike
+    assert shape["choices[].logprobs.top_logprobs[]{*}"] == "float"
+    assert shape["choices[].logprobs.tokens#len"] == "2"
+    assert "choices[].bytes#len" not in shape  # follows the tokenizer
+    missing = shape_paths({"choices": [{"logprobs": None, "bytes": [1]}]}, k=2)
+    assert missing["choices[].logprobs"] == "null"
+    assert missing != shape
+    too_many = shape_paths(
+        {"choices": [{"logprobs": {"top_logprobs": [{"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}]}}]}, k=2
+    )
+    assert too_many["choices[].logprobs.top_logprobs[]#size"] == "4"
