@@ -100,6 +100,39 @@ def test_shared_prefix_blocks_are_shared_not_copied() -> None:
     assert engine.pool.num_used - used_one <= 3  # only its own tail, not 20 more blocks
 
 
+def test_requests_admitted_in_one_step_share_the_blocks_allocated_before_them() -> None:
+    # vLLM caches a step's blocks when it allocates them: n choices of one prompt (one parent request)
+    # admitted together hit the first choice's blocks (vLLM 0.32: cached_tokens 96 of 100 for choices 2 and 3)
+    engine = _engine(200)
+    prompt = list(range(100))
+    for rid in range(3):
+        engine.add(_request(rid, prompt, 4))
+    outcome = engine.step()
+    assert outcome.steps == 1
+    assert [r.cached_tokens for r in engine.running] == [0, 96, 96]
+    assert (engine.counters.prefix_queries, engine.counters.prefix_hits) == (300, 192)
+    assert engine.pool.num_used == 7 + 2  # seven shared blocks (six full, one partial), two more partial tails
+    _run(engine)
+    assert engine.counters.prompt_tokens_cached == 192
+
+
+def test_a_request_that_skips_the_lookup_finds_nothing_but_leaves_its_blocks() -> None:
+    # vLLM's prompt_logprobs: no prefix-cache lookup, no query counted; the blocks it fills are cached for others
+    engine = _engine(200)
+    prompt = list(range(100))
+    engine.add(_request(1, prompt, 4))
+    _run(engine)
+    skipping = _request(2, prompt, 4)
+    skipping.skip_cache_read = True
+    engine.add(skipping)
+    _run(engine)
+    assert skipping.cached_tokens == 0
+    assert (engine.counters.prefix_queries, engine.counters.prefix_hits, engine.counters.prompt_tokens) == (100, 0, 200)
+    engine.add(_request(3, prompt, 4))
+    _run(engine)
+    assert engine.counters.prefix_hits == 96
+
+
 def test_decode_preempts_newest_and_admits_nothing_that_step() -> None:
     engine = _engine(9, max_num_seqs=8)  # 8 usable blocks
     engine.add(_request(1, list(range(40)), 60))  # 3 blocks now, grows

@@ -61,14 +61,15 @@ async def test_generate_is_token_in_token_out_and_cache_salt_separates_caches() 
     async with engine() as e:
         status, body = await e.generate(PROMPT, max_tokens=12, request_id="r1")
         assert status == 200
-        assert body["request_id"] == "r1"
+        assert body["request_id"] == "generate-tokens-r1"  # vLLM's prefix
         assert body["model"] == MODEL
-        assert body["prompt_token_ids"] == PROMPT
+        assert body["output_mode"] == "tokens"
+        assert body["prompt_token_ids"] is None  # only with return_token_ids, as vLLM
         (choice,) = body["choices"]
         assert len(choice["token_ids"]) == 12
         assert all(isinstance(t, int) for t in choice["token_ids"])
         assert choice["finish_reason"] == "length"
-        assert choice["weight_versions"] == [{"weight_version": 0, "start": 0, "end": 12}]
+        assert choice["weight_versions"] == [{"version": "0", "start": 0, "end": 12}]
         assert "text" not in choice
         assert body["usage"]["prompt_tokens"] == 80
         assert body["usage"]["completion_tokens"] == 12
@@ -112,14 +113,17 @@ async def test_generate_streams_token_ids_and_usage() -> None:
         ({"token_ids": [], "sampling_params": {}}, 400, "token_ids"),
         ({"token_ids": [1, "x"], "sampling_params": {}}, 400, "token_ids"),
         ({"token_ids": [1, 2]}, 400, "sampling_params"),
-        ({"token_ids": [1, 2], "sampling_params": {"n": 2}}, 400, "sampling_params.n"),
+        ({"token_ids": [1, 2], "sampling_params": {"n": 0}}, 400, None),
+        ({"token_ids": [1, 2], "sampling_params": {"n": 10_000}}, 400, None),
+        ({"token_ids": [1, 2], "sampling_params": {"logprobs": 21}}, 400, "logprobs"),
+        ({"token_ids": [1, 2], "sampling_params": {"prompt_logprobs": -2}}, 400, "prompt_logprobs"),
         ({"token_ids": [1, 2], "sampling_params": {"max_tokens": 0}}, 400, "sampling_params.max_tokens"),
         ({"token_ids": [1, 2], "sampling_params": {}, "model": "other"}, 404, "model"),
         ({"token_ids": [1, 2], "sampling_params": {}, "cache_salt": 3}, 400, "cache_salt"),
         ({"token_ids": [1, 2], "sampling_params": {}, "output_mode": "logits"}, 400, "output_mode"),
     ],
 )
-async def test_bad_generate_bodies_are_openai_errors(body: dict[str, Any], status: int, param: str) -> None:
+async def test_bad_generate_bodies_are_openai_errors(body: dict[str, Any], status: int, param: str | None) -> None:
     async with engine() as e:
         got, answer = await e.post("/inference/v1/generate", body)
         assert got == status
@@ -229,14 +233,14 @@ async def test_update_weights_flushes_the_cache_and_bumps_the_version_mid_reques
         await e.post("/resume")
         _, body = await running
         spans = body["choices"][0]["weight_versions"]
-        assert [s["weight_version"] for s in spans] == [0, 5]
+        assert [s["version"] for s in spans] == ["0", "5"]
         assert spans[0]["end"] == spans[1]["start"] > 0
         assert spans[1]["end"] == 300
         status, updated = await e.post("/update_weights", {})
         assert (status, updated["weight_version"], updated["cache_cleared"]) == (200, 6, True)
         _, after = await e.generate(PROMPT, max_tokens=4)
         assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        assert after["choices"][0]["weight_versions"][0]["weight_version"] == 6
+        assert after["choices"][0]["weight_versions"][0]["version"] == "6"
         assert (await e.get("/weight_info"))[1] == {"weight_version": 6}
         assert (await e.post("/reset_prefix_cache"))[1]["reset"] is True
         for path in ("/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update"):

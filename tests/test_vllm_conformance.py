@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rolloutpool.dev.bench.conformance import EVICT, SMALL, compare, observe_sim
+from rolloutpool.dev.bench.conformance import EVICT, SMALL, VLLM_ARGS, compare, observe_sim
 from rolloutpool.dev.bench.conformance_probe import probe
 from rolloutpool.dev.bench.vllm_acceptance import run_acceptance
 from rolloutpool.dev.localcluster.vllm_env import vllm_env
@@ -30,7 +30,7 @@ if not vllm_env().ready() and os.environ.get("CI") != "true":
 
 @pytest.fixture(scope="module")
 def vllm_url() -> Iterator[str]:
-    server = VllmServer(VllmServerConfig(port=free_port(), num_gpu_blocks=128))
+    server = VllmServer(VllmServerConfig(port=free_port(), num_gpu_blocks=128, extra_args=VLLM_ARGS))
     server.start()
     try:
         yield server.url

@@ -5,7 +5,8 @@ returns an :class:`Observation`: the metric families the project reads (type, la
 keys, a few label values), the answer and usage keys of completions and chat, the
 stream framing and tail, ``cached_tokens`` on the returning turns of multi-turn
 sessions (token-id prompts, replayed with the engine's own output ids, and chat), the
-prefix-cache counters over an oversubscribed trace, and error shapes.
+prefix-cache counters over an oversubscribed trace, error shapes, and last what RL
+trainers read (:mod:`rolloutpool.dev.bench.conformance_trainer`).
 :mod:`rolloutpool.dev.bench.conformance` compares two observations.
 """
 
@@ -19,8 +20,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutpool.api import vllm_metrics as vm
+from rolloutpool.dev.bench.conformance_trainer import Counters, TrainerObservation, probe_trainer
 
-__all__ = ["CACHE_LABELS", "ERROR_CASES", "Observation", "TraceShape", "probe"]
+__all__ = ["CACHE_LABELS", "ERROR_CASES", "Observation", "TraceShape", "counter_reader", "probe", "scrape", "total"]
 
 CACHE_LABELS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "kv_cache_size_tokens", "engine")
 
@@ -34,6 +36,21 @@ ERROR_CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("n 0", "/v1/completions", {"prompt": [1, 2], "n": 0}),
     ("stream of the wrong type", "/v1/completions", {"prompt": [1, 2], "stream": "x"}),
     ("empty messages", "/v1/chat/completions", {"messages": []}),
+    ("logprobs over max_logprobs", "/v1/completions", {"prompt": [1, 2], "logprobs": 21}),
+    ("logprobs -2", "/v1/completions", {"prompt": [1, 2], "logprobs": -2}),
+    ("prompt_logprobs streamed", "/v1/completions", {"prompt": [1, 2], "prompt_logprobs": 1, "stream": True}),
+    (
+        "top_logprobs without logprobs",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+    ),
+    ("generate n over max_num_seqs", "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"n": 9}}),
+    ("generate n 0", "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"n": 0}}),
+    (
+        "generate logprobs over max_logprobs",
+        "/inference/v1/generate",
+        {"token_ids": [1, 2], "sampling_params": {"logprobs": 21}},
+    ),
 )
 
 
@@ -69,18 +86,32 @@ class Observation:
     """Counter deltas over the oversubscribed trace."""
     errors: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)
     null_details: Any = None
+    trainer: TrainerObservation = field(default_factory=TrainerObservation)
+    """What RL trainers read: logprobs, top-k, prompt_logprobs, n > 1 (taken last, after the traces)."""
 
 
 def _families(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-async def _scrape(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+async def scrape(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    """The engine's metric families by name."""
     async with http.get(f"{base}/metrics") as resp:
         return _families(await resp.text())
 
 
-def _total(families: dict[str, Any], name: str) -> float:
+def counter_reader(http: aiohttp.ClientSession, base: str) -> Counters:
+    """Reads named counters (summed samples) of the engine at ``base``."""
+
+    async def read(names: tuple[str, ...]) -> dict[str, float]:
+        families = await scrape(http, base)
+        return {name: total(families, name) for name in names}
+
+    return read
+
+
+def total(families: dict[str, Any], name: str) -> float:
+    """A family's summed samples (a counter's ``_total``); NaN when the family is absent."""
     fam = families.get(name)
     if fam is None:
         return float("nan")
@@ -118,7 +149,7 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
     obs = Observation()
     common = {"model": model, "ignore_eos": True}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-        fams = await _scrape(http, base)
+        fams = await scrape(http, base)
         for name in vm.ENGINE_FAMILIES:
             fam = fams.get(name)
             if fam is not None:
@@ -171,12 +202,12 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
         obs.chat_turns = await _chat_sessions(http, f"{base}/v1/chat/completions", common, shape)
 
         # an oversubscribed cache: counters and per-turn cached tokens
-        before = await _scrape(http, base)
+        before = await scrape(http, base)
         obs.evict_turns = await _sessions(http, url, common, evict)
-        after = await _scrape(http, base)
+        after = await scrape(http, base)
         for name in (vm.PREFIX_CACHE_QUERIES, vm.PREFIX_CACHE_HITS, vm.PROMPT_TOKENS):
-            obs.counters[name] = _total(after, name) - _total(before, name)
-        obs.counters[vm.PROMPT_TOKENS_CACHED] = _total(after, vm.PROMPT_TOKENS_CACHED) - _total(
+            obs.counters[name] = total(after, name) - total(before, name)
+        obs.counters[vm.PROMPT_TOKENS_CACHED] = total(after, vm.PROMPT_TOKENS_CACHED) - total(
             before, vm.PROMPT_TOKENS_CACHED
         )
 
@@ -184,6 +215,8 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
             status, error = await _post(http, f"{base}{path}", {"model": model, **err_body})
             detail = error.get("error", {}) if isinstance(error, dict) else {}
             obs.errors[label] = (status, str(detail.get("type")), detail.get("param"))
+
+        obs.trainer = await probe_trainer(http, base, model=model, counters=counter_reader(http, base))
     return obs
 
 

@@ -160,7 +160,8 @@ class Engine:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             total = req.seq_len
-            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs) if self._caching else (0, 0)
+            lookup = self._caching and not req.skip_cache_read
+            hits, held = pool.count_hits_held(req.hashes, (total - 1) // bs) if lookup else (0, 0)
             hit_tokens = hits * bs
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
@@ -170,12 +171,18 @@ class Engine:
             pool.take_cached(req.hashes, hits)
             pool.take_new(need)
             req.n_hashed, req.n_private, req.num_computed = hits, need, hit_tokens
+            sealed = min((hit_tokens + n_new) // bs, len(req.hashes))
+            if sealed > hits:  # vLLM caches the blocks a step fills when it allocates them: a later request of the
+                # same step (another choice of one prompt, an identical prompt) finds them
+                req.pool_hint = pool.seal(req.hashes, hits, sealed, req.pool_hint)
+                req.n_hashed, req.n_private = sealed, need - (sealed - hits)
             if not req.scheduled_once:  # vLLM exports no figure of preempted re-admissions
                 req.scheduled_once = True
                 req.cached_tokens = hit_tokens
                 counters = self.counters
-                counters.prefix_queries += total
-                counters.prefix_hits += hit_tokens
+                if lookup:  # vLLM counts no query for a request that skips the lookup
+                    counters.prefix_queries += total
+                    counters.prefix_hits += hit_tokens
                 counters.prompt_tokens += req.prompt_len
                 counters.prompt_tokens_cached += hit_tokens
             self.running.append(req)
@@ -384,7 +391,8 @@ class Engine:
         budget = self.config.max_num_batched_tokens - len(self.running)
         if budget <= 0:
             return False
-        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs) if self._caching else (0, 0)
+        lookup = self._caching and not req.skip_cache_read
+        hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs) if lookup else (0, 0)
         n_new = min(req.seq_len - hits * bs, budget)
         need = _ceil_div(hits * bs + n_new, bs) - hits
         return need <= self.pool.num_free - (hits - held)

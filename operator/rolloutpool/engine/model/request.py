@@ -55,6 +55,7 @@ class Request:
         "prompt_len",
         "rid",
         "scheduled_once",
+        "skip_cache_read",
         "tag",
     )
 
@@ -80,6 +81,8 @@ class Request:
         self.finish_reason: str | None = None
         self.pool_hint: object = None
         """The pool's hint for this request's next seal (opaque)."""
+        self.skip_cache_read = False
+        """Never look up cached blocks (vLLM skips the lookup for ``prompt_logprobs``); its own blocks get cached."""
 
     @property
     def seq_len(self) -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "generate_ids",
     "piece_id",
     "render_chat",
+    "token_text",
     "tokenize",
 ]
 
@@ -106,6 +107,17 @@ _MASK64: Final = (1 << 64) - 1
 def detokenize(ids: Sequence[int]) -> str:
     """Text of generated ids; ``KeyError`` for an id the simulator never generates."""
     return "".join(GENERATION_VOCAB[i] for i in ids)
+
+
+_SPECIAL_TEXT: Final = {token: text for text, token in _SPECIAL_IDS.items()}
+
+
+def token_text(token: int) -> str:
+    """One id's text: a generated id's or a special token's, else ``<tokN>`` (a prompt word's id is a one-way hash)."""
+    text = GENERATION_VOCAB.get(token)
+    if text is not None:
+        return text
+    return _SPECIAL_TEXT.get(token, f"<tok{token}>")
 
 
 def _seed_of(seed: int, prompt_ids: Sequence[int]) -> int:

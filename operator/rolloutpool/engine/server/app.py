@@ -208,14 +208,19 @@ class _Service:
             prompts, params = parse_call(body, model=cfg.model, max_model_len=cfg.max_model_len, chat=chat)
         except OpenAIError as exc:
             return _error(exc)
-        call = Call(rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", chat=chat, params=params)
+        call = Call(
+            rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", chat=chat, params=params, score_seed=cfg.seed
+        )
+        skip_read = params.prompt_logprobs is not None  # vLLM skips the prefix-cache lookup for prompt logprobs
         salt = salt_hash(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
         for ids in prompts:  # choice i + n * prompt index, as vLLM numbers them
             max_tokens = min(params.max_tokens, cfg.max_model_len - len(ids))
             base_seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
             for j in range(params.n):
                 seed = hash((base_seed, j)) if j else base_seed
-                job = self.runner.submit(ids, generate_ids(ids, max_tokens, seed=seed), hash_parent=salt)
+                job = self.runner.submit(
+                    ids, generate_ids(ids, max_tokens, seed=seed), hash_parent=salt, skip_cache_read=skip_read
+                )
                 job.changed = call.changed  # one wake-up for every choice of this call
                 call.jobs.append(job)
                 call.prompts.append(ids)

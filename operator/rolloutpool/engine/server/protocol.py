@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rolloutpool.engine.model.logprobs import MAX_LOGPROBS
 from rolloutpool.engine.model.tokenizer import VOCAB_SIZE, ChatMessage, render_chat, tokenize
 
 __all__ = [
@@ -79,6 +80,12 @@ class GenerationParams:
     """Choices per prompt (vLLM's ``n``)."""
     return_token_ids: bool = False
     """vLLM's ``return_token_ids``: add ``token_ids`` (and ``prompt_token_ids``) to the answer."""
+    logprobs: int | None = None
+    """Top entries per generated token (completions' ``logprobs``, chat's ``top_logprobs``); None: no logprobs."""
+    prompt_logprobs: int | None = None
+    """Top entries per prompt token (``prompt_logprobs``); None: none."""
+    token_ids_as_strings: bool = False
+    """``return_tokens_as_token_ids``: logprob tokens are ``token_id:<id>``."""
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -109,7 +116,64 @@ def _int_field(body: dict[str, Any], name: str, *, minimum: int) -> int | None:
     return value
 
 
-def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> GenerationParams:
+def _top_count(body: dict[str, Any], name: str) -> int | None:
+    """A logprob count: an integer from 0 to :data:`MAX_LOGPROBS` (vLLM rejects -1, the whole vocabulary, over it).
+
+    A boolean reads as 0 or 1, as vLLM's request model parses it.
+    """
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int):
+        raise OpenAIError(400, f"`{name}` must be an integer. (parameter={name}, value={value})", param=name)
+    if value < 0 and value != -1:
+        raise OpenAIError(
+            400, f"`{name}` must be a positive value or -1. (parameter={name}, value={value})", param=name
+        )
+    count = VOCAB_SIZE if value == -1 else value
+    if count > MAX_LOGPROBS:
+        kind = "prompt logprobs" if name == "prompt_logprobs" else "sample logprobs"
+        raise OpenAIError(
+            400,
+            f"Requested {kind} of {count}, which is greater than max allowed: {MAX_LOGPROBS} "
+            f"(parameter={'prompt_logprobs' if name == 'prompt_logprobs' else 'logprobs'}, value={count})",
+            param="prompt_logprobs" if name == "prompt_logprobs" else "logprobs",
+        )
+    return value
+
+
+def _logprob_params(body: dict[str, Any], *, chat: bool, stream: bool) -> tuple[int | None, int | None, bool]:
+    """``(logprobs, prompt_logprobs, token_ids_as_strings)`` of a completions or chat body."""
+    prompt = _top_count(body, "prompt_logprobs")
+    if prompt is not None and stream and prompt != 0:
+        raise OpenAIError(
+            400,
+            "`prompt_logprobs` are not available when `stream=True`. (parameter=prompt_logprobs)",
+            param="prompt_logprobs",
+        )
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is not None and wanted not in (True, False):  # 0 and 1 read as booleans
+            raise OpenAIError.invalid_body("logprobs", "Input should be a valid boolean, unable to interpret input")
+        top = _top_count(body, "top_logprobs")
+        if top is not None and top != 0 and not wanted:
+            raise OpenAIError(
+                400,
+                "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)",
+                param="top_logprobs",
+            )
+        sample = (top or 0) if wanted else None
+    else:
+        sample = _top_count(body, "logprobs")
+    as_ids = body.get("return_tokens_as_token_ids")
+    if as_ids is not None and not isinstance(as_ids, bool):
+        raise OpenAIError.invalid_body("return_tokens_as_token_ids", "return_tokens_as_token_ids should be a boolean.")
+    return sample, prompt, bool(as_ids)
+
+
+def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...], chat: bool = False) -> GenerationParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise OpenAIError.invalid_body("model", "model should be a valid string.")
@@ -138,6 +202,7 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise OpenAIError.invalid_body("seed", "seed should be a valid integer.")
+    logprobs, prompt_logprobs, as_ids = _logprob_params(body, chat=chat, stream=stream)
     return GenerationParams(
         model=model,
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
@@ -146,6 +211,9 @@ def _params(body: dict[str, Any], *, max_tokens_names: tuple[str, ...]) -> Gener
         seed=seed,
         n=n,
         return_token_ids=bool(return_token_ids),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        token_ids_as_strings=as_ids,
     )
 
 
@@ -212,4 +280,4 @@ def parse_chat(body: dict[str, Any]) -> tuple[list[int], GenerationParams]:
             raise OpenAIError.invalid_body("messages", "each message should be an object with a string role.")
         rendered.append({"role": message["role"], "content": _content(message.get("content"))})
     ids = tokenize(render_chat(rendered))
-    return ids, _params(body, max_tokens_names=("max_completion_tokens", "max_tokens"))
+    return ids, _params(body, max_tokens_names=("max_completion_tokens", "max_tokens"), chat=True)

@@ -1,8 +1,8 @@
 """vLLM 0.32's RL endpoints on the engine simulator: token-in generate, tokenize, pause/resume, weight sync.
 
-- ``POST /inference/v1/generate``: token ids in, token ids out, streamed or not
-  (:mod:`rolloutpool.engine.server.rl_protocol`). ``cache_salt`` seeds the block
-  chain, so requests salted differently share no cached block, as in vLLM.
+- ``POST /inference/v1/generate``: token ids in, ``n`` choices of token ids (and
+  logprobs) out, streamed or not (:mod:`rolloutpool.engine.server.generate`). ``cache_salt``
+  seeds the block chain, so requests salted differently share no cached block, as in vLLM.
 - ``POST /tokenize``, ``/detokenize`` and the render endpoints (:mod:`rolloutpool.engine.server.tokens`).
 - ``POST /pause?mode=abort|wait|keep&clear_cache=``: new generation requests (every
   generation path) wait until ``/resume``. ``abort`` (default) ends the requests in
@@ -28,8 +28,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,18 +35,10 @@ from aiohttp import web
 from prometheus_client import Gauge, Histogram
 
 from rolloutpool.api import vllm_metrics as vm
-from rolloutpool.engine.model.tokenizer import detokenize, generate_ids
+from rolloutpool.engine.server.generate import GenerateAPI
 from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
-from rolloutpool.engine.server.rl_protocol import (
-    Span,
-    generate_chunk,
-    generate_response,
-    parse_generate,
-    parse_pause,
-    salt_hash,
-)
+from rolloutpool.engine.server.rl_protocol import Span, parse_pause
 from rolloutpool.engine.server.runtime import EngineRunner, Job
-from rolloutpool.engine.server.shapes import usage
 from rolloutpool.engine.server.tokens import TokenAPI
 
 if TYPE_CHECKING:
@@ -130,6 +120,16 @@ class RLControl:
         finally:
             gauge.dec()
             self.durations.labels(self.model, name).observe(max(0.0, self.runner.now() - started))
+
+    def track(self, job: Job) -> list[Span]:
+        """Start recording which weight version generates a generation job's tokens (its spans, updated in place)."""
+        spans: list[Span] = [(self.weight_version, 0)]
+        self._spans[job] = spans
+        return spans
+
+    def untrack(self, job: Job) -> None:
+        """Stop recording a finished job's spans."""
+        self._spans.pop(job, None)
 
     def _set_version(self, version: int | str) -> None:
         self.weight_version = version
@@ -245,111 +245,6 @@ class RLControl:
         except OpenAIError as exc:
             return _json(exc.body(), status=exc.status)
 
-    # -- generate -------------------------------------------------------------------------
-
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        """``POST /inference/v1/generate``."""
-        try:
-            params = parse_generate(parse_json_object(await request.read()))
-            if params.model is not None and params.model != self.model:
-                raise OpenAIError(404, f"The model `{params.model}` does not exist.", param="model")
-            if len(params.token_ids) >= self.max_model_len:
-                raise OpenAIError(
-                    400,
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
-                    f"has {len(params.token_ids)} input tokens.",
-                    param="token_ids",
-                )
-        except OpenAIError as exc:
-            return _json(exc.body(), status=exc.status)
-        prompt = params.token_ids
-        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
-        seed = self.seed if params.seed is None else hash((self.seed, params.seed))
-        job = self.runner.submit(
-            prompt, generate_ids(prompt, max_tokens, seed=seed), hash_parent=salt_hash(params.cache_salt)
-        )
-        self._spans[job] = [(self.weight_version, 0)]
-        rid = params.request_id or f"gen-{uuid.uuid4().hex}"
-        created = int(time.time())
-        try:
-            if params.stream:
-                return await self._stream(
-                    request, job, rid=rid, created=created, text=params.text_output, usage_=params.include_usage
-                )
-            while not job.done:
-                if not await self._wait(request, job):
-                    return web.Response(status=499)
-            out = job.output_ids[: job.visible]
-            return _json(
-                generate_response(
-                    rid=rid,
-                    created=created,
-                    model=self.model,
-                    prompt_ids=prompt,
-                    output_ids=out,
-                    finish_reason=job.finish_reason,
-                    usage=self._usage(job),
-                    spans=self._spans[job],
-                    text=detokenize(out) if params.text_output else None,
-                )
-            )
-        finally:
-            self.runner.abort(job)
-            self._spans.pop(job, None)
-
-    def _usage(self, job: Job) -> dict[str, Any]:
-        req = job.request
-        cached = req.cached_tokens if self.details else None
-        return usage(prompt_tokens=req.prompt_len, completion_tokens=job.visible, cached_tokens=cached)
-
-    async def _wait(self, request: web.Request, job: Job) -> bool:
-        while not job.changed.is_set():
-            if _gone(request):
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_POLL_S):
-                    await job.changed.wait()
-        job.changed.clear()
-        return True
-
-    async def _stream(
-        self, request: web.Request, job: Job, *, rid: str, created: int, text: bool, usage_: bool
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-
-        def event(data: dict[str, Any]) -> bytes:
-            return f"data: {json.dumps(data)}\n\n".encode()
-
-        try:
-            sent = 0
-            while True:
-                visible, done = job.visible, job.done
-                if visible > sent or done:
-                    new = job.output_ids[sent:visible]
-                    chunk = generate_chunk(
-                        rid=rid,
-                        created=created,
-                        model=self.model,
-                        token_ids=new,
-                        finish_reason=job.finish_reason if done else None,
-                        text=detokenize(new) if text else None,
-                    )
-                    await response.write(event(chunk))
-                    sent = visible
-                if done:
-                    break
-                if not await self._wait(request, job):
-                    return response
-            if usage_:
-                tail = {"request_id": rid, "model": self.model, "created": created, "choices": []}
-                await response.write(event({**tail, "usage": self._usage(job)}))
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except ConnectionError:
-            _log.info("Lost streaming client request_id=%s", rid)
-        return response
-
 
 RL_CONTROL = web.AppKey("rolloutpool_engine_rl", RLControl)
 """Where the application keeps its :class:`RLControl` (tests read the pause state through it)."""
@@ -374,7 +269,16 @@ def install_rl_api(app: web.Application, runner: EngineRunner, config: ServerCon
     app[RL_CONTROL] = control
     app.middlewares.append(control.gate)
     add = app.router
-    add.add_post("/inference/v1/generate", control.generate)
+    generate = GenerateAPI(
+        runner,
+        model=config.model,
+        max_model_len=config.max_model_len,
+        seed=config.seed,
+        details=config.prompt_tokens_details,
+        track=control.track,
+        untrack=control.untrack,
+    )
+    add.add_post("/inference/v1/generate", generate.generate)
     tokens = TokenAPI(max_model_len=config.max_model_len)
     add.add_post("/tokenize", tokens.tokenize)
     add.add_post("/detokenize", tokens.detokenize)

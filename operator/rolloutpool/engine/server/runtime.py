@@ -111,10 +111,13 @@ class EngineRunner:
 
     # -- intake ----------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], output_ids: list[int], *, hash_parent: int = 0) -> Job:
+    def submit(
+        self, prompt_ids: list[int], output_ids: list[int], *, hash_parent: int = 0, skip_cache_read: bool = False
+    ) -> Job:
         """Queue a request whose output is planned; ``ValueError`` when the prompt does not fit.
 
-        ``hash_parent`` seeds the block chain (a ``cache_salt``: other salts share no block).
+        ``hash_parent`` seeds the block chain (a ``cache_salt``: other salts share no block);
+        ``skip_cache_read`` makes it find no cached block (vLLM, for ``prompt_logprobs``).
         """
         bs = self.engine.config.block_size
         rid = self._next_rid
@@ -125,6 +128,7 @@ class EngineRunner:
             max_tokens=len(output_ids),
             hashes=hash_token_blocks(prompt_ids + output_ids, bs, parent=hash_parent),
         )
+        request.skip_cache_read = skip_cache_read
         idle = not self.engine.has_work
         arrival = self.now()
         self.engine.add(request)  # raises before any state changes

@@ -24,11 +24,17 @@ SYSTEM_FINGERPRINT = "vllm-0.32.0-engine-sim"
 
 
 def usage(
-    *, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, stream: bool = False
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None,
+    stream: bool = False,
+    created_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
     """vLLM's usage object; ``prompt_tokens_details`` is null when ``cached_tokens`` is None (details off).
 
-    A stream's closing usage carries fewer fields than a whole answer's, as vLLM's does.
+    A stream's closing usage carries fewer fields than a whole answer's (no null ones), as vLLM's does;
+    chat answers ``created_cache_tokens`` 0 where completions answer null.
     """
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -39,7 +45,9 @@ def usage(
     if cached_tokens is not None:
         details: dict[str, Any] = {"cached_tokens": cached_tokens}
         if not stream:
-            details.update(created_cache_tokens=None, multimodal_tokens=None)
+            details.update(created_cache_tokens=created_cache_tokens, multimodal_tokens=None)
+        elif created_cache_tokens is not None:
+            details["created_cache_tokens"] = created_cache_tokens
         out["prompt_tokens_details"] = details
     if not stream:
         out["completion_tokens_details"] = None
@@ -57,6 +65,10 @@ class Choice:
     """Generated ids, when the request set ``return_token_ids``."""
     prompt_token_ids: list[int] | None = None
     """Its prompt's ids, when the request set ``return_token_ids`` (completions put them on the choice)."""
+    logprobs: dict[str, Any] | None = None
+    """The choice's ``logprobs`` object (:mod:`rolloutpool.engine.server.logprob_shapes`), when asked for."""
+    prompt_logprobs: list[Any] | None = None
+    """Its prompt's ``prompt_logprobs`` (completions put them on the choice, chat on the answer)."""
 
 
 def completion_response(
@@ -72,10 +84,10 @@ def completion_response(
             {
                 "index": c.index,
                 "text": c.text,
-                "logprobs": None,
+                "logprobs": c.logprobs,
                 "finish_reason": c.finish_reason,
                 "stop_reason": None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": c.prompt_logprobs,
                 "prompt_token_ids": c.prompt_token_ids,
                 "token_ids": c.token_ids,
                 "routed_experts": None,
@@ -99,8 +111,9 @@ def chat_response(
     choices: list[Choice],
     usage: dict[str, Any],
     prompt_token_ids: list[int] | None = None,
+    prompt_logprobs: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """A non-streaming ``chat.completion`` (``prompt_token_ids`` sits on the response, not the choice)."""
+    """A non-streaming ``chat.completion`` (``prompt_token_ids`` and ``prompt_logprobs`` sit on the response)."""
     out = []
     for c in choices:
         message: dict[str, Any] = {
@@ -116,7 +129,7 @@ def chat_response(
             {
                 "index": c.index,
                 "message": message,
-                "logprobs": None,
+                "logprobs": c.logprobs,
                 "finish_reason": c.finish_reason,
                 "stop_reason": None,
                 "token_ids": c.token_ids,
@@ -132,7 +145,7 @@ def chat_response(
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage,
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs,
         "prompt_token_ids": prompt_token_ids,
         "prompt_text": None,
         "kv_transfer_params": None,
@@ -151,12 +164,13 @@ def completion_chunk(
     index: int = 0,
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed ``text_completion`` chunk (one generated token, or the finish)."""
     choice = {
         "index": index,
         "text": text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": None,
         "prompt_token_ids": prompt_token_ids,
@@ -176,9 +190,10 @@ def chat_chunk(
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
     opening: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed ``chat.completion.chunk``: the opening role event, a token, or the finish (vLLM's keys)."""
-    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = None
     if not opening:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutpool.engine.model.tokenizer import GENERATION_VOCAB, IM_END, IM_START, piece_id, tokenize
+from rolloutpool.engine.model.tokenizer import token_text, tokenize
 from rolloutpool.engine.server.protocol import OpenAIError, parse_chat, parse_json_object
 
 __all__ = ["TokenAPI"]
@@ -21,17 +21,6 @@ __all__ = ["TokenAPI"]
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data), status=status, content_type="application/json")
-
-
-_SPECIAL_TEXT = {piece_id(t): t for t in (IM_START, IM_END, "<|endoftext|>")}
-
-
-def _piece_text(token: int) -> str:
-    """A generated id's text, a special token's, else a placeholder (prompt ids are one-way hashes of words)."""
-    text = GENERATION_VOCAB.get(token)
-    if text is not None:
-        return text
-    return _SPECIAL_TEXT.get(token, f"<tok{token}>")
 
 
 class TokenAPI:
@@ -77,4 +66,4 @@ class TokenAPI:
                 raise OpenAIError(400, "tokens must be a list of token ids.", param="tokens")
         except OpenAIError as exc:
             return _json(exc.body(), status=exc.status)
-        return _json({"prompt": "".join(_piece_text(t) for t in tokens)})
+        return _json({"prompt": "".join(token_text(t) for t in tokens)})
