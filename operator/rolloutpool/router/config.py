@@ -20,6 +20,7 @@ from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
+from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica", "resolve_cap"]
 
@@ -79,6 +80,9 @@ class RouterConfig:
     eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
     """With derived caps and no operator cap: admit past the KV projection while measured eviction is cheap
     (:mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
+    turns: WorkingSetConfig | None = None
+    """Turn-level scheduling by each replica's working set (:mod:`rolloutpool.routing.workingset`): turns held,
+    idle prefixes kept or let go; with derived caps it replaces the KV projection. None: session caps."""
     co_locate_groups: bool = True
     """Prefer a replica already holding members of the session's group."""
 
@@ -223,6 +227,7 @@ def ledger_config(config: RouterConfig) -> LedgerConfig:
         caps=cap_rule(config),
         quarantine=config.quarantine,
         eviction_budget=config.eviction_budget,
+        working_set=config.turns if config.max_model_len is not None else None,
         queue_max=config.queue_max,
         default_block_size=config.default_block_size,
     )

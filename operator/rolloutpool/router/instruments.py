@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rolloutpool.routing.pressure import PressureReason
 
-__all__ = ["PREFIX", "PRESSURE_REASONS", "ReplicaGauges", "RouterMetrics"]
+__all__ = ["PREFIX", "PRESSURE_REASONS", "ReplicaGauges", "RouterMetrics", "TurnGauges"]
 
 PREFIX = "rolloutpool_router_"
 
@@ -51,6 +51,21 @@ class ReplicaGauges:
     measured_floor: int | None = None
     """Sessions the replica holds if each reaches the measured 90th-percentile final context
     (:meth:`~rolloutpool.routing.ledger.Ledger.measured_floor`); None: not projected (no series)."""
+    turns: TurnGauges | None = None
+    """The turn scheduler's view of the replica (routing/workingset.py); None without it."""
+
+
+@dataclass(frozen=True)
+class TurnGauges:
+    """One replica's working set, held turns and prefixes, and its cumulative turn decisions."""
+
+    working_set: int
+    budget: int | None
+    held: int
+    kept: int
+    let_go: int
+    decisions: dict[str, int]
+    """Cumulative counts by decision: held, resumed, forced, let_go."""
 
 
 class _TableCollector(Collector):
@@ -89,7 +104,51 @@ class _TableCollector(Collector):
                 labels=["replica"],
             ),
         }
+        turns: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "working_set": GaugeMetricFamily(
+                f"{PREFIX}working_set_tokens",
+                "KV tokens of the replica's working set: generating sessions' contexts (with a turn's growth) and the "
+                "idle sessions whose prefix is kept",
+                labels=["replica"],
+            ),
+            "budget": GaugeMetricFamily(
+                f"{PREFIX}working_set_budget_tokens",
+                "KV tokens the working set may fill (target x capacity)",
+                labels=["replica"],
+            ),
+            "held": GaugeMetricFamily(
+                f"{PREFIX}held_turns", "Turns waiting for room in the working set", labels=["replica"]
+            ),
+            "kept": GaugeMetricFamily(
+                f"{PREFIX}kept_sessions",
+                "Sessions waiting on a tool whose prefix is kept (leases held)",
+                labels=["replica"],
+            ),
+            "let_go": GaugeMetricFamily(
+                f"{PREFIX}let_go_sessions",
+                "Live sessions whose prefix is let go (the engine may evict it); their next turn needs room",
+                labels=["replica"],
+            ),
+            "decisions": CounterMetricFamily(
+                f"{PREFIX}turn_decisions",
+                "Turn-level decisions: held (a turn waits for room), resumed (served when room freed), forced (served "
+                "at the hold limit), let_go (an idle prefix dropped from the working set)",
+                labels=["replica", "decision"],
+            ),
+        }
+        seen_turns = False
         for r in self._replicas():
+            if r.turns is not None:
+                seen_turns = True
+                t = r.turns
+                turns["working_set"].add_metric([r.name], t.working_set)
+                if t.budget is not None:
+                    turns["budget"].add_metric([r.name], t.budget)
+                turns["held"].add_metric([r.name], t.held)
+                turns["kept"].add_metric([r.name], t.kept)
+                turns["let_go"].add_metric([r.name], t.let_go)
+                for decision, count in t.decisions.items():
+                    turns["decisions"].add_metric([r.name, decision], count)
             gauges["live_sessions"].add_metric([r.name], r.live)
             gauges["session_cap"].add_metric([r.name], math.inf if r.cap is None else r.cap)
             gauges["quarantined"].add_metric([r.name], float(r.quarantined))
@@ -104,6 +163,8 @@ class _TableCollector(Collector):
             for reason in reasons:
                 gauges["pressure"].add_metric([r.name, reason], float(reason == r.pressure))
         yield from gauges.values()
+        if seen_turns:
+            yield from turns.values()
         depth = GaugeMetricFamily(f"{PREFIX}queue_depth", "New sessions waiting for a slot")
         depth.add_metric([], self._queue_depth())
         yield depth
@@ -136,6 +197,12 @@ class RouterMetrics:
             f"{PREFIX}queue_wait_seconds",
             "Time new sessions waited in the admission queue",
             ["outcome"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.hold_wait = Histogram(
+            f"{PREFIX}hold_wait_seconds",
+            "Time held turns of live sessions waited for room in their replica's working set",
             buckets=_WAIT_BUCKETS,
             registry=r,
         )

@@ -185,7 +185,7 @@ class Scraper:
     async def scrape_all(self) -> None:
         """One round over every replica."""
         await asyncio.gather(*(self.scrape(name) for name in self.manager.runtime))
-        self.manager.refresh_kv()
+        self.manager.tick()
 
     async def scrape(self, name: str) -> None:
         """Scrape one replica and apply the result."""

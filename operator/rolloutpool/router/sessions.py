@@ -27,7 +27,7 @@ from rolloutpool.router.admission import (
 )
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
 from rolloutpool.router.engine_reports import observe_cached_report
-from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics
+from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics, TurnGauges
 from rolloutpool.router.trace_writer import TraceWriter
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
@@ -35,10 +35,12 @@ from rolloutpool.routing.events import (
     Admitted,
     Bound,
     CapChanged,
+    Held,
     Placed,
     QuarantineChanged,
     Rejected,
     Released,
+    Resumed,
     Withdrawn,
 )
 from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
@@ -161,7 +163,7 @@ class SessionManager:
             if isinstance(event, Placed):
                 self.metrics.placements.labels(event.session.replica, event.kind).inc()
                 changed = True
-            elif isinstance(event, Admitted):
+            elif isinstance(event, Admitted | Resumed):
                 future = self._waiters.pop(event.ticket, None)
                 if future is not None and not future.done():
                     future.set_result(event.session)
@@ -253,11 +255,20 @@ class SessionManager:
         return any(r.ready for r in self.table.replicas.values())
 
     def _gauges(self) -> Iterator[ReplicaGauges]:
+        work = self.ledger.work
         for r in self.table.replicas.values():
             own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
             pressure = (own.pressure.reason or "Unknown") if own and own.pressure.quarantined else None
             floor = self.ledger.measured_floor(r.name)
-            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, floor)
+            turns = None
+            if work is not None and r.name in work.replicas:
+                w = work.replicas[r.name]
+                decisions = {"held": w.holds, "resumed": w.resumes, "forced": w.forced, "let_go": w.lets_go}
+                budget = w.budget(work.config.target)
+                turns = TurnGauges(w.counted, budget, len(w.held), w.kept, len(w.out), decisions)
+            yield ReplicaGauges(
+                r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, floor, turns
+            )
 
     # -- placement and admission -------------------------------------------------------
 
@@ -280,6 +291,11 @@ class SessionManager:
                 raise ShuttingDownError("the router is shutting down")
             self.metrics.rejections.labels("queue_full").inc()
             raise QueueFullError(f"admission queue is full ({self.config.queue_max} sessions waiting)")
+        if isinstance(decision, Held):
+            session = await self._wait_held(decision.ticket, session_id)
+            if self.trace is not None:
+                self.trace.arrived(session_id, now=arrived, group=group)
+            return session, False
         session = await self._wait(decision.ticket, session_id, ephemeral=ephemeral)
         if not self.is_current(session) or session.replica not in self.runtime:
             # re-bound (snapshot restore) or its replica left between admission and now
@@ -312,6 +328,23 @@ class SessionManager:
                 self.release(session_id, how="cancelled")
             raise
         self.metrics.queue_wait.labels("admitted").observe(self.clock() - enqueued)
+        return session
+
+    async def _wait_held(self, ticket: int, session_id: str) -> Session:
+        """A held turn waits until the ledger resumes it (it bounds the wait itself: ``hold_limit_s``)."""
+        future: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = future
+        held = self.clock()
+        try:
+            session = await asyncio.shield(future)
+        except asyncio.CancelledError:  # the client went away: the turn leaves the hold, the session stays
+            self._waiters.pop(ticket, None)
+            if not future.done():
+                future.cancel()
+                self.ledger.cancel_held(session_id, now=self.clock())
+                self._dispatch()
+            raise
+        self.metrics.hold_wait.observe(self.clock() - held)
         return session
 
     def _give_up(self, ticket: int, future: asyncio.Future[Session]) -> None:
@@ -478,9 +511,9 @@ class SessionManager:
         )
         self._dispatch()
 
-    def refresh_kv(self) -> None:
-        """Once per scrape round: caps take up the fleet-wide KV estimates (KV admission)."""
-        self.ledger.refresh_kv(now=self.clock())
+    def tick(self) -> None:
+        """Once per scrape round: held turns that now fit (or waited their limit) go, caps follow the clock."""
+        self.ledger.tick(now=self.clock())
         self._dispatch()
 
     def set_draining(self, name: str, draining: bool) -> None:

@@ -21,11 +21,13 @@ __all__ = [
     "Bound",
     "CapChanged",
     "Event",
+    "Held",
     "Placed",
     "QuarantineChanged",
     "Queued",
     "Rejected",
     "Released",
+    "Resumed",
     "Usage",
     "Waiting",
     "Withdrawn",
@@ -54,7 +56,15 @@ class Rejected:
     reason: Literal["queue_full", "shutting_down"]
 
 
-Arrival = Bound | Queued | Rejected
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A turn of a live session waits for room on its replica (:mod:`~rolloutpool.routing.workingset`) under
+    ``ticket``: it is :class:`Resumed` (or :class:`Withdrawn`) later."""
+
+    ticket: int
+
+
+Arrival = Bound | Queued | Held | Rejected
 """What :meth:`~rolloutpool.routing.ledger.Ledger.arrive` decided."""
 
 
@@ -75,8 +85,16 @@ class Admitted:
 
 
 @dataclass(frozen=True, slots=True)
+class Resumed:
+    """The held ``ticket``'s turn may go to ``session.replica`` now."""
+
+    ticket: int
+    session: Session
+
+
+@dataclass(frozen=True, slots=True)
 class Withdrawn:
-    """The queued ``ticket`` left the queue unplaced: its session was released, or the ledger closed."""
+    """The queued (or held) ``ticket`` left unplaced: its session was released, or the ledger closed."""
 
     ticket: int
     session_id: str
@@ -113,7 +131,7 @@ class CapChanged:
     capacity_tokens: int | None
 
 
-Event = Placed | Admitted | Withdrawn | Released | QuarantineChanged | CapChanged
+Event = Placed | Admitted | Resumed | Withdrawn | Released | QuarantineChanged | CapChanged
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,11 +38,13 @@ from rolloutpool.routing.events import (
     Bound,
     CapChanged,
     Event,
+    Held,
     Placed,
     QuarantineChanged,
     Queued,
     Rejected,
     Released,
+    Resumed,
     Usage,
     Waiting,
     Withdrawn,
@@ -54,6 +56,7 @@ from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
 from rolloutpool.routing.reprefill import reprefill_tokens
 from rolloutpool.routing.table import Session, SessionTable
 from rolloutpool.routing.weights import WeightTracker, observe_scrape_excused
+from rolloutpool.routing.workingset import WorkingSet
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
@@ -77,15 +80,25 @@ class Ledger:
         self.weights = WeightTracker()
         """Weight updates: a flush's or a new salt's re-prefill is measured, never taken for eviction."""
         self._tickets = 0
+        self._now = 0.0
+        """The latest ``now`` an operation was given (caps computed between operations use it)."""
+        self.work = None if config.working_set is None else WorkingSet(config.working_set)
+        """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py)."""
+        self.held: dict[str, int] = {}
+        """Session id -> the ticket of its held turn."""
         caps = config.caps
         self.kv = (
-            KvProjection(
-                KvAdmissionConfig(
-                    caps.max_model_len, caps.expected_residency, caps.headroom, growth_share=caps.growth_share
+            None
+            if self.work is not None
+            else (
+                KvProjection(
+                    KvAdmissionConfig(
+                        caps.max_model_len, caps.expected_residency, caps.headroom, growth_share=caps.growth_share
+                    )
                 )
+                if caps.kv_admission and caps.max_model_len
+                else None
             )
-            if caps.kv_admission and caps.max_model_len
-            else None
         )
         """Projected KV tokens of live sessions, for derived caps (:mod:`~rolloutpool.routing.admission_kv`)."""
         budget = config.eviction_budget
@@ -115,6 +128,8 @@ class Ledger:
             pressure=None if quarantine is None else PressureState(quarantine),
         )
         self.limits[name] = limits
+        if self.work is not None:
+            self.work.add_replica(name, capacity=capacity_tokens)
         self.table.add_replica(name, cap=self.cap_of(name), kv_capacity_tokens=capacity_tokens)
         self.admit(now=now)
 
@@ -124,6 +139,12 @@ class Ledger:
         if state is None:
             return []
         lost = [self.table.sessions[sid] for sid in sorted(state.sessions)]
+        for session in lost:
+            self._unhold(session.session_id)
+            if self.work is not None:
+                self.work.released(session.session_id)
+        if self.work is not None:
+            self.work.remove_replica(name)
         self.table.remove_replica(name)
         del self.limits[name]
         if self.kv is not None:
@@ -153,7 +174,9 @@ class Ledger:
         replica = self.table.replicas.get(name)
         room = None
         cheap = False
-        if self.kv is not None and limits.capacity_tokens is not None:
+        if self.work is not None and name in self.work.replicas:
+            room = self.work.room_for_new(name, now=self._now)
+        elif self.kv is not None and limits.capacity_tokens is not None:
             budget = self._budget_of(name)
             scale = 1.0 if budget is None else budget.scale
             room = self.kv.room(name, capacity_tokens=limits.capacity_tokens, scale=scale)
@@ -189,7 +212,7 @@ class Ledger:
     def _kv_cap(self, name: str) -> bool:
         """Recompute a replica's cap after its projected KV tokens changed (no event: it moves every turn)."""
         replica = self.table.replicas.get(name)
-        if self.kv is None or replica is None:
+        if (self.kv is None and self.work is None) or replica is None:
             return False
         cap = self.cap_of(name)
         if cap == replica.cap:
@@ -202,7 +225,8 @@ class Ledger:
     # -- arrivals and admission -------------------------------------------------------------
 
     def arrive(self, placement: Placement, *, now: float, one_turn: bool = False) -> Arrival:
-        """A turn of ``placement.session_id`` arrives: where it goes, or that it queues or is refused."""
+        """A turn of ``placement.session_id`` arrives: where it goes, or that it queues, is held or is refused."""
+        self._now = now
         sid = placement.session_id
         current = self.table.sessions.get(sid)
         if current is not None and current.release_how is not None:
@@ -212,8 +236,7 @@ class Ledger:
             replica = self.table.replicas.get(current.replica)
             if replica is not None and replica.ready:
                 if self.policy.sticky:
-                    current.last_seen = now
-                    return Bound(current, created=False)
+                    return self._return(current, now=now)
                 return self._route_again(current, placement, now=now)
             self._drop(current, "replaced", now=now)
         if self.closed:
@@ -227,6 +250,15 @@ class Ledger:
         self._tickets += 1
         self.queue.append(Waiting(self._tickets, placement, now, one_turn))
         return Queued(self._tickets)
+
+    def _return(self, current: Session, *, now: float) -> Arrival:
+        """A live session's turn on its replica: served now, or held for room (routing/workingset.py)."""
+        current.last_seen = now
+        if self.work is not None and not self.work.arrive(current.session_id, now=now):
+            self._tickets += 1
+            self.held[current.session_id] = self._tickets
+            return Held(self._tickets)
+        return Bound(current, created=False)
 
     def _route_again(self, current: Session, placement: Placement, *, now: float) -> Arrival:
         """A non-sticky policy chooses every turn; a session that moves is bound anew on its new replica."""
@@ -249,6 +281,15 @@ class Ledger:
             prompt_tokens=placement.prompt_tokens,
         )
         session.one_turn = one_turn
+        if self.work is not None:
+            if moved_from is not None:
+                self._unhold(placement.session_id)
+            first = None if not placement.prompt_tokens else placement.prompt_tokens + int(self.work.growth) // 2
+            self.work.make_room(name, first or int(self.work.first_context), now=now)
+            self.work.bound(placement.session_id, name, now=now, first_context=first)
+            if moved_from is not None and moved_from.replica != name:
+                self._kv_cap(moved_from.replica)
+            self._kv_cap(name)
         if self.kv is not None:
             self.kv.bound(placement.session_id, name, prompt_tokens=placement.prompt_tokens)
             if moved_from is not None and moved_from.replica != name:
@@ -268,6 +309,7 @@ class Ledger:
 
     def admit(self, *, now: float) -> None:
         """Place queued sessions, oldest first, while a replica may take them (FIFO: the head blocks)."""
+        self._now = now
         while self.queue and not self.closed and not self._holding:
             head = self.queue[0]
             sid = head.placement.session_id
@@ -296,6 +338,9 @@ class Ledger:
         while self.queue:
             waiting = self.queue.popleft()
             self.events.append(Withdrawn(waiting.ticket, waiting.placement.session_id, "shutting_down"))
+        for sid, ticket in sorted(self.held.items(), key=lambda item: item[1]):
+            self.events.append(Withdrawn(ticket, sid, "shutting_down"))
+        self.held.clear()
 
     # -- release ----------------------------------------------------------------------------
 
@@ -321,8 +366,27 @@ class Ledger:
         self._drop(session, how, now=now)
         return session
 
+    def cancel_held(self, session_id: str, *, now: float) -> bool:
+        """A held turn's client gave up: the turn leaves the hold, the session stays (let go); whether it was held."""
+        if self.held.pop(session_id, None) is None or self.work is None:
+            return False
+        self.work.unhold(session_id, now=now)
+        self._resume(self.table.sessions[session_id].replica, now=now)
+        return True
+
+    def _unhold(self, session_id: str) -> None:
+        """A held turn of a session that ends (or moves) leaves: its waiter is told."""
+        ticket = self.held.pop(session_id, None)
+        if ticket is not None:
+            self.events.append(Withdrawn(ticket, session_id, "released"))
+
     def _drop(self, session: Session, how: str, *, now: float, admit: bool = True) -> None:
         self.table.release(session.session_id)
+        if self.work is not None:
+            self._unhold(session.session_id)
+            self.work.released(session.session_id)
+            self._kv_cap(session.replica)
+            self._resume(session.replica, now=now)
         if self.kv is not None:
             finished = how not in _NOT_FINISHED and how != "expired" and not session.one_turn
             self.kv.released(session.session_id, finished=finished)
@@ -349,6 +413,9 @@ class Ledger:
         """Re-create a session from a snapshot (no placement decision)."""
         session = self.table.bind(session_id, replica, now=last_seen, group=group)
         session.context_tokens = context
+        if self.work is not None:
+            self.work.restored(session_id, replica, context=context, now=last_seen)
+            self._kv_cap(replica)
         if self.kv is not None:
             self.kv.bound(session_id, replica, context=context)
             self._kv_cap(replica)
@@ -375,6 +442,10 @@ class Ledger:
         session.last_seen = now
         if session.inflight == 0 and (session.release_how is not None or session.one_turn):
             self._drop(session, session.release_how or "request", now=now)
+        elif session.inflight == 0 and self.work is not None:
+            self.work.turn_finished(session.session_id, context=session.context_tokens or None, now=now)
+            self._kv_cap(session.replica)
+            self._resume(session.replica, now=now)
 
     def finish_turn(self, session: Session, *, now: float, usage: Usage | None) -> tuple[int, int]:
         """A turn's usage: spot re-prefill (as :meth:`observe_cached`), then remember the new context.
@@ -468,6 +539,9 @@ class Ledger:
         if capacity_tokens is not None:
             limits.capacity_tokens = capacity_tokens
             self.table.replicas[name].kv_capacity_tokens = capacity_tokens
+            if self.work is not None:
+                self.work.set_capacity(name, capacity_tokens)
+        self._now = now
         self._apply_cap(name, now=now)
 
     def set_operator_limit(self, name: str, limit: OperatorLimit | None, *, now: float) -> bool:
@@ -542,6 +616,31 @@ class Ledger:
             return
         raised = [name for name in list(self.table.replicas) if self._kv_cap(name)]
         if raised:
+            self.admit(now=now)
+
+    def _resume(self, name: str, *, now: float) -> None:
+        """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left."""
+        if self.work is None:
+            return
+        self._now = now
+        resumed = self.work.resume(name, now=now)
+        for sid in resumed:
+            ticket = self.held.pop(sid, None)
+            session = self.table.sessions.get(sid)
+            if ticket is not None and session is not None:
+                self.events.append(Resumed(ticket, session))
+        if self._kv_cap(name) or resumed:
+            self.admit(now=now)
+
+    def tick(self, *, now: float) -> None:
+        """Time passed (once per scrape round): held turns that now fit or waited their limit go, caps follow."""
+        self._now = now
+        if self.work is None:
+            self.refresh_kv(now=now)
+            return
+        for name in list(self.table.replicas):
+            self._resume(name, now=now)
+        if self.queue:
             self.admit(now=now)
 
     def _apply_cap(self, name: str, *, now: float) -> None:

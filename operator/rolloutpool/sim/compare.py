@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
+from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
@@ -59,6 +60,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "kv-projection": ("rolloutpool", {"kv_admission": True, "eviction_budget": None}),
     "fixed-cap": ("rolloutpool", {"kv_admission": False}),
     "adaptive": (ADAPTIVE, {}),
+    "turns": ("rolloutpool", {"working_set": WorkingSetConfig()}),
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`."""
@@ -73,6 +75,9 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     if label in VARIANTS:
         return VARIANTS[label]
     name, _, rest = label.partition(":")
+    if name == "turns":
+        values: dict[str, Any] = {k: float(v) for k, v in (part.split("=", 1) for part in rest.split(":") if part)}
+        return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
     if name != KV_BUDGET:
         raise ValueError(f"unknown variant {label!r}; choose from {', '.join(VARIANTS)} or {KV_BUDGET}:HEADROOM:SHARE")
     try:

@@ -9,6 +9,7 @@ from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.routing.admission_kv import GROWTH_SHARE
 from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
+from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
 from rolloutpool.sim.workload import Scenario
 
@@ -43,6 +44,8 @@ class FleetConfig:
     eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
     """Our policy's KV admission also admits past its projection while measured eviction is cheap (the router's
     default, :mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
+    working_set: WorkingSetConfig | None = None
+    """Our policy schedules turns by each replica's working set (routing/workingset.py); None: session caps."""
     fixed_cap: int | None = None
     """Override the residency-derived cap of capped policies (hindsight sweeps)."""
     co_locate_groups: bool = True

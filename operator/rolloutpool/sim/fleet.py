@@ -21,7 +21,7 @@ from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.hashing import SegmentChain
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
-from rolloutpool.routing.events import Admitted, Bound
+from rolloutpool.routing.events import Admitted, Bound, Resumed
 from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_policy
 from rolloutpool.routing.quarantine import expected_cached_tokens
@@ -122,6 +122,7 @@ class _Fleet:
                 caps=rule,
                 quarantine=quarantine,
                 eviction_budget=budget,
+                working_set=config.working_set if ours else None,
                 default_block_size=ecfg.block_size,
             ),
             policy=policy,
@@ -239,9 +240,9 @@ class _Fleet:
         )
 
     def _dispatch(self) -> None:
-        """Submit the first turn of every session the ledger admitted from its queue."""
+        """Submit the first turn of every session the ledger admitted from its queue, and every held turn resumed."""
         for event in self.ledger.take_events():
-            if isinstance(event, Admitted):
+            if isinstance(event, Admitted | Resumed):
                 self._submit(self.trajs[int(event.session.session_id)], event.session)
 
     def _submit(self, traj: _Traj, session: Session) -> None:
@@ -421,7 +422,7 @@ class _Fleet:
             if self.weights is not None and pressure is not None:
                 self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)
             self._dispatch()
-        self.ledger.refresh_kv(now=self.now)  # caps take up the fleet-wide KV estimates, as the router's round
+        self.ledger.tick(now=self.now)  # held turns and caps follow the clock, as in the router's round
         self._dispatch()
         if self.renewals is not None:
             self._renew_due()

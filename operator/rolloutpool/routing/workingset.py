@@ -1,0 +1,345 @@
+"""Turn-level scheduling: each replica's working set, the turns it holds and the prefixes it lets go (pure).
+
+A replica's *working set* is what its KV cache must hold for the sessions it serves without
+re-prefill: the context of every session generating a turn (plus the turn's expected growth), and
+the context of every session waiting on a tool whose prefix we *keep*. It must fit ``target`` of the
+replica's KV capacity. Decisions are taken at the tool boundary, per turn:
+
+- **serve**: a turn of a session whose prefix is kept (in the working set) is always served at
+  once; so is one of a session let go while its context fits the room left;
+- **hold**: a turn of a session let go that does not fit waits (is *paused*) until room frees:
+  oldest first, a younger turn may pass a head that does not fit, but none passes a head that has
+  waited ``fair_after_s``; after ``hold_limit_s`` a turn is served whatever the room. A turn that is
+  generating is never interrupted;
+- **let go**: room is made by letting go of idle sessions' prefixes, the session idle longest first
+  (with a heavy-tailed tool time, the one that has waited longest has the longest expected wait
+  left, and vLLM's LRU evicts in that order), but only after ``keep_s`` idle (most tool calls return
+  sooner) and only when a held turn or a new session needs the room: keeping costs nothing while
+  nobody waits. A session let go keeps its blocks until the engine's LRU needs them; when it comes
+  back before that, its turn finds them cached.
+- **admit**: a new session is placed where its first context fits the room (with what could be let
+  go); while a replica holds turns it admits none (returning turns first).
+
+A session's context is what its last turn's usage said (prompt + output); a turn's growth (the
+observation before it and its output) is measured as sessions return, an exponential mean, so the
+working set of a generating session is its context plus that mean.
+
+Nothing here knows sessions beyond ids and token counts: :class:`~rolloutpool.routing.ledger.Ledger`
+drives it, for the router and the simulator alike.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["Phase", "ReplicaWork", "Tracked", "WorkingSet", "WorkingSetConfig"]
+
+
+@dataclass(frozen=True)
+class WorkingSetConfig:
+    """The scheduler's few targets."""
+
+    target: float = 0.9
+    """Share of a replica's KV capacity its working set may fill."""
+    limit: float = 1.0
+    """Share of the KV capacity the working set never exceeds: past it idle sessions are let go however recently
+    they went idle (the engine would evict them anyway, oldest first), so their turns wait for room."""
+    keep_s: float = 20.0
+    """An idle session's prefix is kept at least this long while the working set is under ``limit``."""
+    hold_limit_s: float = 300.0
+    """A held turn is served after this long whatever the room (bounded wait)."""
+    fair_after_s: float = 10.0
+    """A held turn waiting this long is passed by no younger one (fairness)."""
+    smoothing: float = 0.05
+    """Weight of each new measurement in the growth and first-context means."""
+    first_context: int = 2048
+    """A new session's first context until measured (prompt + first output, tokens)."""
+    growth: int = 1024
+    """A turn's growth until measured (tokens)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= self.limit <= 2:
+            raise ValueError(f"need 0 < target <= limit <= 2, got target {self.target} and limit {self.limit}")
+        for name in ("keep_s", "hold_limit_s", "fair_after_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
+
+
+class Phase(Enum):
+    """Where a session stands at the tool boundary."""
+
+    GENERATING = "generating"
+    IDLE = "idle"
+    """Waiting on its tool; its prefix is kept (counted in the working set)."""
+    LET_GO = "let_go"
+    """Waiting on its tool; its prefix is not counted (the engine may evict it)."""
+    HELD = "held"
+    """Its next turn arrived and waits for room."""
+
+
+@dataclass(slots=True)
+class Tracked:
+    """One live session as the scheduler sees it."""
+
+    replica: str
+    context: int
+    """Its context after its last turn (tokens)."""
+    phase: Phase
+    since: float
+    """When it entered its phase."""
+    counted: int = 0
+    """Its tokens in the replica's working set (0 when let go or held)."""
+    let_go: int = 0
+    """How often its prefix was let go (for metrics)."""
+
+
+@dataclass
+class ReplicaWork:
+    """One replica's working set and held turns."""
+
+    name: str
+    capacity: int | None
+    counted: int = 0
+    """Tokens in the working set."""
+    idle: dict[str, None] = field(default_factory=dict)
+    """Idle sessions whose prefix is kept, oldest first (the order they may be let go in)."""
+    held: deque[str] = field(default_factory=deque)
+    """Sessions whose turn waits, in arrival order."""
+    out: set[str] = field(default_factory=set)
+    """Sessions whose prefix is let go (waiting on a tool, or held)."""
+    holds: int = 0
+    """Turns held (cumulative)."""
+    resumes: int = 0
+    """Held turns served when room freed (cumulative)."""
+    lets_go: int = 0
+    """Idle sessions' prefixes let go (cumulative)."""
+    forced: int = 0
+    """Held turns served at ``hold_limit_s`` over the target (cumulative)."""
+
+    @property
+    def kept(self) -> int:
+        """Idle sessions whose prefix is kept."""
+        return len(self.idle)
+
+    def budget(self, target: float) -> int | None:
+        """Tokens the working set may hold; None while the capacity is unknown (nothing is admitted then)."""
+        return None if self.capacity is None else int(self.capacity * target)
+
+
+class WorkingSet:
+    """Every replica's working set; the ledger calls it at each turn boundary."""
+
+    def __init__(self, config: WorkingSetConfig | None = None) -> None:
+        self.config = config or WorkingSetConfig()
+        self.replicas: dict[str, ReplicaWork] = {}
+        self.sessions: dict[str, Tracked] = {}
+        self.growth = float(self.config.growth)
+        self.first_context = float(self.config.first_context)
+
+    # -- membership ---------------------------------------------------------------------
+
+    def add_replica(self, name: str, *, capacity: int | None) -> None:
+        """Track a replica (kept as it is when known)."""
+        self.replicas.setdefault(name, ReplicaWork(name, capacity))
+
+    def set_capacity(self, name: str, capacity: int | None) -> None:
+        """A replica's reported KV capacity (tokens)."""
+        work = self.replicas.get(name)
+        if work is not None and capacity is not None:
+            work.capacity = capacity
+
+    def remove_replica(self, name: str) -> None:
+        """Forget a replica; its sessions are forgotten by the ledger's releases."""
+        self.replicas.pop(name, None)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def bound(self, sid: str, replica: str, *, now: float, first_context: int | None = None) -> None:
+        """A new session placed on ``replica`` starts its first turn (counted at its expected first context)."""
+        self.released(sid)
+        context = int(first_context) if first_context else int(self.first_context)
+        tracked = Tracked(replica, 0, Phase.GENERATING, now)
+        self.sessions[sid] = tracked
+        self._count(tracked, context)
+
+    def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
+        """A session re-created from a snapshot: idle, its prefix kept."""
+        self.released(sid)
+        tracked = Tracked(replica, context, Phase.IDLE, now)
+        self.sessions[sid] = tracked
+        self._count(tracked, context)
+        self.replicas[replica].idle[sid] = None
+
+    def released(self, sid: str) -> None:
+        """The session is over (or moved): its tokens leave the working set, a held turn leaves the queue."""
+        tracked = self.sessions.pop(sid, None)
+        if tracked is None:
+            return
+        work = self.replicas.get(tracked.replica)
+        if work is None:
+            return
+        work.counted -= tracked.counted
+        work.idle.pop(sid, None)
+        work.out.discard(sid)
+        if tracked.phase is Phase.HELD:
+            work.held.remove(sid)
+
+    def phase(self, sid: str) -> Phase | None:
+        """The session's phase (None: not tracked)."""
+        tracked = self.sessions.get(sid)
+        return None if tracked is None else tracked.phase
+
+    def need(self, sid: str) -> int:
+        """Tokens the session's next turn adds to its replica's working set when it is not counted."""
+        tracked = self.sessions[sid]
+        return tracked.context + int(self.growth)
+
+    # -- turns --------------------------------------------------------------------------
+
+    def arrive(self, sid: str, *, now: float) -> bool:
+        """A turn of a live session arrives: True to serve it now, False when it is held (it waits for room)."""
+        tracked = self.sessions.get(sid)
+        if tracked is None:
+            return True  # not tracked (a replica without capacity yet): nothing to decide
+        work = self.replicas[tracked.replica]
+        if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
+            return tracked.phase is Phase.GENERATING  # a second request of a turn in flight, or still held
+        if tracked.phase is Phase.IDLE:
+            work.idle.pop(sid, None)
+            self._generate(tracked, now, tracked.counted + int(self.growth))
+            self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
+            return True
+        need = self.need(sid)
+        if not work.held and self.make_room(work.name, need, now=now):
+            work.out.discard(sid)
+            self._generate(tracked, now, need)
+            return True
+        tracked.phase, tracked.since = Phase.HELD, now
+        work.held.append(sid)
+        work.holds += 1
+        return False
+
+    def turn_finished(self, sid: str, *, context: int | None, now: float) -> None:
+        """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept."""
+        tracked = self.sessions.get(sid)
+        if tracked is None or tracked.phase is not Phase.GENERATING:
+            return
+        if context is not None:
+            if tracked.context > 0:
+                self.growth += self.config.smoothing * (context - tracked.context - self.growth)
+            else:
+                self.first_context += self.config.smoothing * (context - self.first_context)
+            tracked.context = context
+        else:
+            tracked.context += int(self.growth)
+        tracked.phase, tracked.since = Phase.IDLE, now
+        self._count(tracked, tracked.context)
+        self.replicas[tracked.replica].idle[sid] = None
+
+    def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
+        tracked.phase, tracked.since = Phase.GENERATING, now
+        self._count(tracked, tokens)
+
+    def _count(self, tracked: Tracked, tokens: int) -> None:
+        work = self.replicas[tracked.replica]
+        work.counted += tokens - tracked.counted
+        tracked.counted = tokens
+
+    # -- room -----------------------------------------------------------------------------
+
+    def free(self, name: str) -> int | None:
+        """Tokens of the replica's budget not in its working set (negative when over); None: capacity unknown."""
+        work = self.replicas[name]
+        budget = work.budget(self.config.target)
+        return None if budget is None else budget - work.counted
+
+    def releasable(self, name: str, *, now: float) -> int:
+        """Tokens of idle sessions that could be let go now (idle at least ``keep_s``)."""
+        work = self.replicas[name]
+        total = 0
+        for sid in work.idle:
+            tracked = self.sessions[sid]
+            if now - tracked.since < self.config.keep_s:
+                break  # oldest first: the rest are younger
+            total += tracked.counted
+        return total
+
+    def room_for_new(self, name: str, *, now: float) -> int | None:
+        """How many new sessions of the expected first context the replica can take now (None: unknown)."""
+        work = self.replicas[name]
+        free = self.free(name)
+        if free is None:
+            return None
+        if work.held:
+            return 0
+        return max(0, int((free + self.releasable(name, now=now)) // max(1.0, self.first_context)))
+
+    def make_room(self, name: str, tokens: int, *, now: float) -> bool:
+        """Let go of idle sessions, idle longest first, until ``tokens`` fit the target: those idle at least
+        ``keep_s``, and any while the working set is over ``limit``."""
+        work = self.replicas[name]
+        free = self.free(name)
+        if free is None or work.capacity is None:
+            return False
+        over = work.capacity * (self.config.limit - self.config.target)  # free below -over: past the limit
+        while free < tokens and work.idle:
+            sid = next(iter(work.idle))
+            tracked = self.sessions[sid]
+            if now - tracked.since < self.config.keep_s and free >= -over:
+                return False
+            del work.idle[sid]
+            free += tracked.counted
+            work.counted -= tracked.counted
+            tracked.counted = 0
+            tracked.phase = Phase.LET_GO
+            tracked.let_go += 1
+            work.lets_go += 1
+            work.out.add(sid)
+        return free >= tokens
+
+    def resume(self, name: str, *, now: float) -> list[str]:
+        """Held turns of the replica that may be served now, in the order to serve them."""
+        work = self.replicas.get(name)
+        if work is None or not work.held:
+            return []
+        out: list[str] = []
+        limit, fair = self.config.hold_limit_s, self.config.fair_after_s
+        for sid in list(work.held):
+            tracked = self.sessions[sid]
+            waited = now - tracked.since
+            need = self.need(sid)
+            if waited >= limit:
+                work.forced += 1
+            elif not self.make_room(name, need, now=now):
+                if waited >= fair:
+                    break  # nobody passes a head that waited long
+                continue
+            else:
+                work.resumes += 1
+            work.held.remove(sid)
+            work.out.discard(sid)
+            self._generate(tracked, now, need)
+            out.append(sid)
+        return out
+
+    def unhold(self, sid: str, *, now: float) -> None:
+        """A held turn was withdrawn (its client gave up): the session waits again, its prefix let go."""
+        tracked = self.sessions.get(sid)
+        if tracked is None or tracked.phase is not Phase.HELD:
+            return
+        self.replicas[tracked.replica].held.remove(sid)
+        tracked.phase, tracked.since = Phase.LET_GO, now
+
+    def held(self, name: str) -> int:
+        """Turns the replica holds now."""
+        work = self.replicas.get(name)
+        return 0 if work is None else len(work.held)
+
+    def let_go(self, name: str) -> int:
+        """Live sessions of the replica whose prefix is let go now (waiting on a tool, or held)."""
+        work = self.replicas.get(name)
+        return 0 if work is None else len(work.out)

@@ -1,0 +1,215 @@
+"""The turn scheduler's working sets (routing/workingset.py) and the ledger's held turns (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rolloutpool.routing.caps import CapRule
+from rolloutpool.routing.events import Bound, Held, Resumed, Withdrawn
+from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
+from rolloutpool.routing.policies import Placement, SessionAware
+from rolloutpool.routing.workingset import Phase, WorkingSet, WorkingSetConfig
+
+CONFIG = WorkingSetConfig(target=0.5, limit=1.0, keep_s=10.0, hold_limit_s=100.0, fair_after_s=30.0, growth=100)
+
+
+def _set(capacity: int = 10_000) -> WorkingSet:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=capacity)
+    return ws
+
+
+def _idle(ws: WorkingSet, sid: str, context: int, *, now: float) -> None:
+    ws.bound(sid, "r", now=now, first_context=context)
+    ws.turn_finished(sid, context=context, now=now)
+
+
+def test_a_kept_session_is_served_and_an_old_idle_one_is_let_go_for_a_returning_turn() -> None:
+    ws = _set()  # budget 5,000 tokens
+    _idle(ws, "a", 2000, now=0.0)
+    _idle(ws, "b", 2000, now=5.0)
+    assert ws.free("r") == 1000
+    assert ws.arrive("b", now=6.0)  # kept: served at once, with its turn's growth counted
+    assert ws.phase("b") is Phase.GENERATING
+    assert ws.free("r") == 900
+    ws.turn_finished("b", context=2200, now=7.0)
+    _idle(ws, "c", 2500, now=8.0)  # over the target now: a and b are younger than keep_s, kept
+    assert ws.free("r") == -1700
+    assert ws.make_room("r", 0, now=11.0)  # a idle 11 s: let go, the oldest first
+    assert ws.phase("a") is Phase.LET_GO
+    assert ws.free("r") == 300
+
+
+def test_a_let_go_turn_that_does_not_fit_is_held_then_resumed_when_room_frees() -> None:
+    ws = _set()
+    _idle(ws, "a", 3000, now=0.0)
+    ws.make_room("r", 5000, now=20.0)  # a is let go
+    assert ws.phase("a") is Phase.LET_GO
+    _idle(ws, "b", 4500, now=21.0)
+    assert not ws.arrive("a", now=22.0)  # needs 3,100, 500 free and b is too young to let go
+    assert ws.phase("a") is Phase.HELD
+    assert ws.held("r") == 1
+    assert ws.resume("r", now=25.0) == []
+    assert ws.resume("r", now=31.0) == ["a"]  # b idle 10 s: let go, a fits
+    assert ws.phase("a") is Phase.GENERATING
+    assert ws.phase("b") is Phase.LET_GO
+    assert ws.replicas["r"].resumes == 1
+
+
+def test_a_held_turn_goes_at_the_hold_limit_whatever_the_room() -> None:
+    ws = _set()
+    _idle(ws, "a", 3000, now=0.0)
+    ws.make_room("r", 5000, now=20.0)
+    ws.bound("b", "r", now=21.0, first_context=4900)  # generating: never let go
+    assert not ws.arrive("a", now=22.0)
+    assert ws.resume("r", now=121.0) == []
+    assert ws.resume("r", now=122.0) == ["a"]  # waited hold_limit_s
+    assert ws.replicas["r"].forced == 1
+
+
+def test_over_the_limit_idle_sessions_are_let_go_however_young() -> None:
+    ws = _set()
+    for i in range(5):
+        _idle(ws, f"s{i}", 2400, now=float(i))
+    assert ws.free("r") == -7000
+    assert ws.arrive("s4", now=5.0)  # 12,100 past the limit (10,000): s0 goes, young as it is, and that suffices
+    assert [ws.phase(f"s{i}") for i in range(5)] == [Phase.LET_GO] + [Phase.IDLE] * 3 + [Phase.GENERATING]
+    assert ws.replicas["r"].counted == 9_700
+
+
+def test_fairness_no_younger_turn_passes_a_head_that_waited_long() -> None:
+    ws = _set()
+    _idle(ws, "big", 4000, now=0.0)
+    _idle(ws, "small", 500, now=0.0)
+    ws.make_room("r", 5000, now=20.0)  # both let go
+    ws.bound("g", "r", now=20.0, first_context=4000)  # generating: 1,000 free
+    assert not ws.arrive("big", now=21.0)
+    assert not ws.arrive("small", now=22.0)  # a turn is held behind held turns
+    assert ws.resume("r", now=23.0) == ["small"]  # the head does not fit, and has not waited long: passed
+    ws.turn_finished("small", context=600, now=24.0)
+    ws.make_room("r", 5000, now=40.0)
+    assert not ws.arrive("small", now=60.0)
+    assert ws.resume("r", now=61.0) == []  # big waited 40 s (fair_after_s 30): nobody passes it
+
+
+def test_room_for_new_sessions_counts_what_could_be_let_go_and_none_while_turns_are_held() -> None:
+    ws = _set()
+    _idle(ws, "a", 2000, now=0.0)
+    assert ws.room_for_new("r", now=1.0) == 1  # 3,000 free over a first context of 2,048: one
+    assert ws.room_for_new("r", now=11.0) == 2  # a may be let go: 5,000
+    ws.make_room("r", 5000, now=11.0)
+    ws.bound("b", "r", now=12.0, first_context=4950)
+    assert not ws.arrive("a", now=13.0)
+    assert ws.room_for_new("r", now=13.0) == 0
+
+
+def test_capacity_unknown_admits_nothing() -> None:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=None)
+    assert ws.free("r") is None
+    assert ws.room_for_new("r", now=0.0) is None
+    ws.set_capacity("r", 1000)
+    assert ws.free("r") == 500
+
+
+def test_bad_targets_are_refused() -> None:
+    with pytest.raises(ValueError, match="target <= limit"):
+        WorkingSetConfig(target=1.2, limit=1.0)
+    with pytest.raises(ValueError, match="keep_s"):
+        WorkingSetConfig(keep_s=-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["arrive", "finish", "release", "resume", "room"]), st.integers(0, 7), st.integers(1, 4000)
+        ),
+        max_size=80,
+    )
+)
+def test_the_working_set_is_always_the_sum_of_what_its_sessions_count(ops: list[tuple[str, int, int]]) -> None:
+    ws = _set(8000)
+    now = 0.0
+    for op, i, tokens in ops:
+        now += 1.5
+        sid = f"s{i}"
+        phase = ws.phase(sid)
+        if op == "arrive":
+            if phase is None:
+                ws.bound(sid, "r", now=now, first_context=tokens)
+            else:
+                ws.arrive(sid, now=now)
+        elif op == "finish" and phase is Phase.GENERATING:
+            ws.turn_finished(sid, context=tokens, now=now)
+        elif op == "release":
+            ws.released(sid)
+        elif op == "resume":
+            ws.resume("r", now=now)
+        else:
+            ws.make_room("r", tokens, now=now)
+        work = ws.replicas["r"]
+        assert work.counted == sum(t.counted for t in ws.sessions.values())
+        assert list(work.held) == [s for s, t in ws.sessions.items() if t.phase is Phase.HELD] or set(work.held) == {
+            s for s, t in ws.sessions.items() if t.phase is Phase.HELD
+        }
+        assert set(work.idle) == {s for s, t in ws.sessions.items() if t.phase is Phase.IDLE}
+        assert work.out == {s for s, t in ws.sessions.items() if t.phase in (Phase.LET_GO, Phase.HELD)}
+        for t in ws.sessions.values():
+            assert (t.counted == 0) == (t.phase in (Phase.LET_GO, Phase.HELD)) or t.phase is Phase.GENERATING
+
+
+# -- the ledger: held turns as arrivals and events ----------------------------------------------------------
+
+
+def _ledger() -> Ledger:
+    config = LedgerConfig(caps=CapRule(max_model_len=4096, kv_admission=True), quarantine=None, working_set=CONFIG)
+    ledger = Ledger(config, policy=SessionAware())
+    ledger.add_replica("r", now=0.0, capacity_tokens=10_000)
+    return ledger
+
+
+def _turn(ledger: Ledger, sid: str, *, now: float, context: int) -> None:
+    ledger.tick(now=now)  # the router's scrape round before it: caps follow the clock
+    arrival = ledger.arrive(Placement(sid), now=now)
+    assert isinstance(arrival, Bound), arrival
+    ledger.turn_started(arrival.session)
+    ledger.finish_turn(arrival.session, now=now, usage=Usage(context - 10, 10, 0))
+    ledger.turn_ended(arrival.session, now=now)
+
+
+def test_the_ledger_holds_a_turn_and_resumes_it_with_an_event_when_a_session_ends() -> None:
+    ledger = _ledger()
+    _turn(ledger, "a", now=0.0, context=3000)
+    _turn(ledger, "b", now=11.0, context=1900)  # placing b lets a go (idle 11 s): the room b's first context needs
+    assert ledger.work is not None
+    assert ledger.work.phase("a") is Phase.LET_GO
+    _turn(ledger, "c", now=21.0, context=4000)
+    held = ledger.arrive(Placement("a"), now=22.0)  # b let go too, and still no room for a's 3,100 tokens
+    assert isinstance(held, Held)
+    assert ledger.work.phase("b") is Phase.LET_GO
+    ledger.take_events()
+    ledger.release("c", how="finish_session", now=23.0)
+    resumed = [e for e in ledger.take_events() if isinstance(e, Resumed)]
+    assert [(e.ticket, e.session.session_id) for e in resumed] == [(held.ticket, "a")]
+    assert ledger.work.phase("a") is Phase.GENERATING
+
+
+def test_a_held_turn_is_withdrawn_when_its_session_is_released_and_left_when_its_client_gives_up() -> None:
+    ledger = _ledger()
+    _turn(ledger, "a", now=0.0, context=3000)
+    assert ledger.work is not None
+    _turn(ledger, "c", now=21.0, context=4900)  # a let go to place c
+    held = ledger.arrive(Placement("a"), now=22.0)
+    assert isinstance(held, Held)
+    assert ledger.cancel_held("a", now=23.0)
+    assert ledger.work.phase("a") is Phase.LET_GO
+    held = ledger.arrive(Placement("a"), now=24.0)
+    assert isinstance(held, Held)
+    ledger.take_events()
+    ledger.release("a", how="finish_session", now=25.0)
+    assert Withdrawn(held.ticket, "a", "released") in ledger.take_events()
+    assert "a" not in ledger.held
+    assert ledger.work.phase("a") is None
