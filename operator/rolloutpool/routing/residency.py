@@ -282,6 +282,10 @@ class ResidencyIndex:
         chain = self._chains.get(session_id)
         return None if chain is None or not chain.known else len(chain.hashes)
 
+    def sessions(self) -> list[str]:
+        """The sessions the index holds a context for."""
+        return list(self._chains)
+
     def is_resident(self, block_hash: BlockHash) -> bool:
         """Whether at least one copy of the block is cached."""
         return block_hash in self._copies

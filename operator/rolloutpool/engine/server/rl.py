@@ -38,7 +38,7 @@ from prometheus_client import Gauge, Histogram
 
 from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.engine.model.tokenizer import detokenize, generate_ids
-from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server.protocol import SESSION_ID_HEADER, OpenAIError, parse_json_object
 from rolloutpool.engine.server.rl_protocol import (
     Span,
     generate_chunk,
@@ -137,7 +137,7 @@ class RLControl:
             spans.append((version, job.visible))
 
     def _reset_cache(self) -> bool:
-        cleared = self.runner.engine.pool.reset_prefix_cache()
+        cleared = self.runner.reset_prefix_cache()
         _log.info("Reset prefix cache cleared=%s in_flight=%d", cleared, self.runner.in_flight)
         return cleared
 
@@ -266,7 +266,11 @@ class RLControl:
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
         seed = self.seed if params.seed is None else hash((self.seed, params.seed))
         job = self.runner.submit(
-            prompt, generate_ids(prompt, max_tokens, seed=seed), hash_parent=salt_hash(params.cache_salt)
+            prompt,
+            generate_ids(prompt, max_tokens, seed=seed),
+            hash_parent=salt_hash(params.cache_salt),
+            session_id=request.headers.get(SESSION_ID_HEADER) or None,  # vLLM's generate reads the header only
+            cache_salt=params.cache_salt,
         )
         self._spans[job] = [(self.weight_version, 0)]
         rid = params.request_id or f"gen-{uuid.uuid4().hex}"
