@@ -190,7 +190,7 @@ class ResidencyIndex:
         bytes, or a ``block_size`` other than the index's.
         """
         _check_hashes(block_hashes)
-        if parent_hash is not None and not isinstance(parent_hash, int | bytes):
+        if parent_hash is not None and not isinstance(parent_hash, _HASH_TYPES):
             raise ValueError(f"parent_hash must be an int, bytes or None, got {type(parent_hash).__name__}")
         if block_size is not None and block_size != self.block_size:
             raise ValueError(f"event block_size {block_size} differs from the index's {self.block_size}")
@@ -318,6 +318,8 @@ class ResidencyIndex:
 
     def _attributed(self, session_id: str) -> bool:
         """False while the session was forgotten less than ``forget_horizon`` stores ago."""
+        if not self._forgotten_order:
+            return True
         self._prune()
         at = self._forgotten.get(session_id)
         return at is None or at + self.forget_horizon <= self._stored
@@ -356,9 +358,9 @@ class ResidencyIndex:
                     del chain.at[h]
         chain.known = True
         chain.resident = min(chain.resident, keep)
-        owners = self._owners
-        for h in (*trail, *new):
-            chain.at[h] = len(old)
+        owners, at = self._owners, chain.at
+        for h in (*trail, *new) if trail else new:
+            at[h] = len(old)
             old.append(h)
             holders = owners.get(h)
             if holders is None:
@@ -403,9 +405,12 @@ class ResidencyIndex:
                     del owners[h]
 
 
+_HASH_TYPES = (int, bytes)
+
+
 def _check_hashes(block_hashes: Sequence[BlockHash]) -> None:
     if isinstance(block_hashes, str | bytes) or not block_hashes:
         raise ValueError("block_hashes must be a non-empty sequence of block hashes")
     for h in block_hashes:
-        if not isinstance(h, int | bytes) or isinstance(h, bool):
+        if type(h) is not int and type(h) is not bytes and (not isinstance(h, _HASH_TYPES) or isinstance(h, bool)):
             raise ValueError(f"a block hash must be an int or bytes, got {type(h).__name__}")

@@ -18,11 +18,14 @@ and engine-sim (``tests/test_kv_events_pubsub.py``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,11 +34,29 @@ import zmq
 import zmq.asyncio
 
 from rolloutpool.api.kv_events import decode_seq
+from rolloutpool.dev.bench.conformance import BLOCK_SIZE, MAX_MODEL_LEN
+from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
+from rolloutpool.dev.localcluster.vllm_model import SERVED_MODEL, VllmServer, VllmServerConfig
+from rolloutpool.dev.net import free_port
 from rolloutpool.router.kv_events import ReplicaKvEvents
 from rolloutpool.router.kv_sources import KvEventSource
 from rolloutpool.routing.residency import IndexStats
 
-__all__ = ["CARRIERS", "ResidencyReport", "StreamShape", "TurnCheck", "check_residency"]
+__all__ = [
+    "CARRIERS",
+    "VLLM_BLOCKS",
+    "ResidencyReport",
+    "StreamShape",
+    "TurnCheck",
+    "check_engine",
+    "check_residency",
+    "engine_sim_publishing",
+    "kv_events_config",
+    "main",
+    "same_traces",
+    "summary",
+    "vllm_publishing",
+]
 
 CARRIERS = ("body", "header", "xargs", "generate")
 """Where each session's id travels (session ``i`` uses ``CARRIERS[i % 4]``)."""
@@ -117,6 +138,8 @@ class ResidencyReport:
     stats: IndexStats
     gaps: int
     malformed: int
+    after_reset: list[int | None] = field(default_factory=list)
+    """With ``reset_at_end``: every session's resident tokens after ``/reset_prefix_cache`` and one more turn."""
 
     @property
     def returning(self) -> list[TurnCheck]:
@@ -205,6 +228,7 @@ async def check_residency(
     quiet_s: float = 0.5,
     connect_s: float = 1.0,
     seed: int = 0,
+    reset_at_end: bool = False,
 ) -> ResidencyReport:
     """Drive ``sessions`` x ``turns`` token-id turns at the engine at ``base``, checking each against the index."""
     ctx = zmq.asyncio.Context()
@@ -240,6 +264,22 @@ async def check_residency(
                         TurnCheck(sid, turn, carrier, len(prompt), len(contexts[i]), resident, cached, block_size)
                     )
                     contexts[i] = prompt + output
+            after_reset: list[int | None] = []
+            if reset_at_end:  # vLLM serves it under VLLM_SERVER_DEV_MODE=1; its event leaves with the next step
+                async with http.post(f"{base}/reset_prefix_cache") as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: {await resp.text()}")
+                await _turn(
+                    http,
+                    base,
+                    model=model,
+                    carrier="body",
+                    sid="kv-reset",
+                    prompt=_new_tokens(next_token, 64),
+                    max_tokens=1,
+                )
+                await _settle(sub, shape, quiet_s)
+                after_reset = [sub.index.resident_tokens(f"kv-{i}") for i in range(sessions)]
         await _settle(sub, shape, quiet_s)
     finally:
         for task in tasks:
@@ -249,4 +289,108 @@ async def check_residency(
                 await task
         raw.close(linger=0)
         ctx.term()
-    return ResidencyReport(checks, shape, sub.index.stats, sub.gaps, sub.malformed)
+    return ResidencyReport(checks, shape, sub.index.stats, sub.gaps, sub.malformed, after_reset)
+
+
+# -- a real vLLM and engine-sim side by side ------------------------------------------------------
+
+VLLM_BLOCKS = 72
+"""The KV pool of both engines: 72 blocks of 32 tokens (2,272 usable) against 8 growing sessions."""
+
+
+def kv_events_config(port: int, replay_port: int) -> str:
+    """The ``--kv-events-config`` both engines get."""
+    return json.dumps(
+        {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}"}
+    )
+
+
+def _source(port: int, replay_port: int) -> KvEventSource:
+    return KvEventSource(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}")
+
+
+@contextlib.contextmanager
+def vllm_publishing(log_dir: Path) -> Iterator[tuple[str, KvEventSource]]:
+    """A tiny real vLLM publishing KV events (``/inference/v1/generate`` and ``/reset_prefix_cache`` on)."""
+    port, replay = free_port(), free_port()
+    server = VllmServer(
+        VllmServerConfig(
+            port=free_port(),
+            num_gpu_blocks=VLLM_BLOCKS,
+            extra_args=("--kv-events-config", kv_events_config(port, replay), "--enable-scale-out"),
+            extra_env=(("VLLM_SERVER_DEV_MODE", "1"),),
+        ),
+        log_path=log_dir / "vllm.log",
+    )
+    server.start()
+    try:
+        yield server.url, _source(port, replay)
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def engine_sim_publishing(log_dir: Path) -> Iterator[tuple[str, KvEventSource]]:
+    """``rolloutpool engine-sim`` with the tiny vLLM's limits and the same ``--kv-events-config`` flag."""
+    http, port, replay = free_port(), free_port(), free_port()
+    argv = rolloutpool_argv(
+        "engine-sim",
+        *("--port", str(http), "--model", SERVED_MODEL, "--block-size", str(BLOCK_SIZE)),
+        *("--num-gpu-blocks", str(VLLM_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8"),
+        *(
+            "--max-num-batched-tokens",
+            "2048",
+            "--time-scale",
+            "1000",
+            "--kv-events-config",
+            kv_events_config(port, replay),
+        ),
+    )
+    with ProcessSet(log_dir) as processes:
+        processes.start("engine-sim", argv, ready_url=f"http://127.0.0.1:{http}/health", timeout_s=60.0)
+        yield f"http://127.0.0.1:{http}", _source(port, replay)
+
+
+async def check_engine(base: str, source: KvEventSource, *, quiet_s: float) -> ResidencyReport:
+    """The check both engines run: 8 sessions x 6 turns, then a reset."""
+    return await check_residency(
+        base, source, model=SERVED_MODEL, block_size=BLOCK_SIZE, quiet_s=quiet_s, reset_at_end=True
+    )
+
+
+def summary(name: str, report: ResidencyReport) -> str:
+    """One line of counts."""
+    hits = sum(t.cached > 0 for t in report.returning)
+    partial = sum(t.evicted and t.cached > 0 for t in report.returning)
+    return (
+        f"{name}: {report.matched}/{len(report.returning)} returning turns match (cached_tokens = the index's resident "
+        f"tokens, capped by vLLM's rule); {report.evicted} found part ({partial}) or all of their prefix evicted, "
+        f"{hits} a non-empty hit; gaps {report.gaps}, malformed {report.malformed}, unknown removals "
+        f"{report.stats.unknown_removals}; resident tokens after the reset {report.after_reset}"
+    )
+
+
+def same_traces(a: ResidencyReport, b: ResidencyReport) -> bool:
+    """Whether both engines reported the same cached_tokens on every turn (prompt lengths equal)."""
+    return [(t.prompt_tokens, t.cached) for t in a.turns] == [(t.prompt_tokens, t.cached) for t in b.turns]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check on a fresh tiny vLLM and on engine-sim; print the counts; 1 on any mismatch."""
+    parser = argparse.ArgumentParser(prog="python -m rolloutpool.dev.bench.kv_residency")
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/rolloutpool-kv-residency"))  # noqa: S108 - dev logs
+    args = parser.parse_args(argv)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    with vllm_publishing(args.log_dir) as (url, source):
+        real = asyncio.run(check_engine(url, source, quiet_s=0.5))
+    with engine_sim_publishing(args.log_dir) as (url, source):
+        sim = asyncio.run(check_engine(url, source, quiet_s=0.2))
+    print(summary("vLLM 0.32", real))
+    print(summary("engine-sim", sim))
+    same = {k: sorted(v) for k, v in real.shape.fields.items()} == {k: sorted(v) for k, v in sim.shape.fields.items()}
+    print(f"event fields identical: {same}; turn-by-turn cached_tokens identical: {same_traces(real, sim)}")
+    return 0 if same and not real.mismatches and not sim.mismatches else 1
+
+
+if __name__ == "__main__":  # pragma: no cover - manual entry point
+    raise SystemExit(main())

@@ -8,11 +8,13 @@ PUB socket, ``seq`` counting batches from 0 and ``payload`` a msgpack
 
 - ``BlockStored`` per request and step: the hashes of the blocks it filled (engine-sim's
   62-bit chain hashes, the integer form vLLM publishes by default), their parent, their
-  token ids, ``block_size``, ``medium: "GPU"``, ``group_idx: 0``, ``extra_keys`` (one entry
+  token ids, ``block_size``, ``medium: "GPU"``, ``group_idx: 0``, ``kv_cache_spec_kind:
+  "full_attention"``, ``extra_keys`` (one entry
   per block: ``(cache_salt,)`` on a salted chain's first block, else null) and the request's
   ``session_id`` (vLLM takes it from the body's ``session_id``, the ``X-Session-ID`` header or
   ``vllm_xargs.session_id`` on completions and chat, from the header on ``/inference/v1/generate``);
-- ``BlockRemoved`` per block, ``AllBlocksCleared`` on ``/reset_prefix_cache``.
+- ``BlockRemoved`` per block, ``AllBlocksCleared`` on ``/reset_prefix_cache`` (sent, as vLLM
+  sends it, with the next step's batch).
 
 The endpoint is bound when it holds ``*`` or ``::`` (``tcp://*:5557``; ``tcp://*:0`` takes a
 free port, see :attr:`KvEventPublisher.endpoint`) or is ipc/inproc, otherwise connected, as
@@ -87,6 +89,7 @@ def wire_events(events: Sequence[CacheEvent], *, block_size: int) -> list[WireEv
                     lora_name=None,
                     extra_keys=list(extra),
                     group_idx=0,
+                    kv_cache_spec_kind="full_attention",
                     session_id=origin.session_id,
                 )
             )

@@ -97,10 +97,12 @@ class EngineRunner:
             self.kv_events.publish(self.engine.take_cache_events())
 
     def reset_prefix_cache(self) -> bool:
-        """vLLM's ``reset_prefix_cache``: False (nothing changes) while a request holds blocks."""
-        cleared = self.engine.pool.reset_prefix_cache()
-        self.flush_kv_events()
-        return cleared
+        """vLLM's ``reset_prefix_cache``: False (nothing changes) while a request holds blocks.
+
+        Its ``AllBlocksCleared`` event leaves with the next step's batch, as in vLLM (the block
+        pool queues it; the scheduler publishes its queue after a step).
+        """
+        return self.engine.pool.reset_prefix_cache()
 
     # -- lifecycle -------------------------------------------------------------------
 
