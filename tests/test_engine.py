@@ -358,6 +358,7 @@ class _BlockByBlockPool:
         self.order: list[list] = [[None, self.capacity]]  # [None, count] or [hashes, hi]
         self.uncached = self.capacity
         self.evictions = 0
+        self.events = None  # records no cache events (tests/test_engine_cache_events.py checks those)
 
     @property
     def num_free(self) -> int:

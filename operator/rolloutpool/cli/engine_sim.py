@@ -32,6 +32,13 @@ __all__ = ["engine_sim"]
 @click.option("--fault-latency-ms", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--fault-error-rate", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True)
 @click.option("--fault-hang-rate", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True)
+@click.option(
+    "--kv-events-config",
+    default=None,
+    metavar="JSON",
+    help="vLLM's flag: publish KV events over ZMQ in vLLM's wire format, e.g. "
+    '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\'. Off by default.',
+)
 def engine_sim(
     host: str,
     port: int,
@@ -50,8 +57,10 @@ def engine_sim(
     fault_latency_ms: float,
     fault_error_rate: float,
     fault_hang_rate: float,
+    kv_events_config: str | None,
 ) -> None:
     """Serve a vLLM-compatible engine simulator (KV cache, scheduler, /metrics) on the CPU."""
+    from rolloutpool.api.kv_events import KVEventsConfig  # noqa: PLC0415
     from rolloutpool.engine.server.app import ServerConfig, run_server  # noqa: PLC0415
 
     if kv_capacity_tokens is not None:
@@ -76,6 +85,7 @@ def engine_sim(
             added_latency_ms=fault_latency_ms,
             error_rate=fault_error_rate,
             hang_rate=fault_hang_rate,
+            kv_events=None if kv_events_config is None else KVEventsConfig.parse(kv_events_config),
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err

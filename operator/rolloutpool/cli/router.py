@@ -114,6 +114,20 @@ __all__ = ["router_command"]
     help="Body field (dotted) read for the session key when no header carries it, in order (repeatable). "
     "Default: session_params.session_id, session_id, user.",
 )
+# -- KV events (router/kv_events.py): an exact residency index per replica, off by default --
+@click.option(
+    "--kv-events",
+    "kv_events",
+    multiple=True,
+    metavar="NAME=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]",
+    help="Subscribe to this replica's KV events (vLLM --kv-events-config; repeatable).",
+)
+@click.option(
+    "--kv-events-port",
+    default=None,
+    metavar="PORT[,REPLAY_PORT]",
+    help="Subscribe to every other replica's KV events at this port of its URL's host.",
+)
 # -- one of N routers (cli/router_fleet.py) --
 @click.option("--self-name", default=None, help="Fleet: this router's pod name (with --peer-selector).")
 @click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
@@ -154,12 +168,19 @@ def router_command(
     peer_selector: str | None,
     self_url: str | None,
     peer_urls: tuple[str, ...],
+    kv_events: tuple[str, ...],
+    kv_events_port: str | None,
 ) -> None:
     """Serve the session router (placement, caps, quarantine, release, admission) in front of engines."""
     import logging  # noqa: PLC0415
 
     from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
     from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
+    from rolloutpool.router.kv_sources import (  # noqa: PLC0415
+        KvEventsSettings,
+        parse_kv_events_endpoint,
+        parse_kv_events_port,
+    )
     from rolloutpool.routing.eviction_budget import EvictionBudgetConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
 
@@ -212,6 +233,13 @@ def router_command(
             "session_body_fields": session_body_fields or DEFAULT_BODY_FIELDS,
             "allowed_paths": frozenset(allow_paths),
         }
+        if kv_events or kv_events_port:
+            ports: tuple[int | None, int | None] = (None, None)
+            if kv_events_port:
+                ports = parse_kv_events_port(kv_events_port)
+            settings["kv_events"] = KvEventsSettings(
+                endpoints=tuple(parse_kv_events_endpoint(e) for e in kv_events), port=ports[0], replay_port=ports[1]
+            )
         settings.update(compat.overrides)  # a vllm-router flag wins over our default
         config = RouterConfig(**settings)
     except ValueError as err:

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 import uvloop
@@ -40,6 +41,9 @@ from rolloutpool.router.sessions import SessionManager
 from rolloutpool.router.state import SnapshotWriter, load_snapshot
 from rolloutpool.router.trace_writer import TraceWriter, trace_writer
 from rolloutpool.router.types import ClientFactory, Clock, Discovery, LimitsSource
+
+if TYPE_CHECKING:
+    from rolloutpool.router.kv_events import KvEventHub
 
 __all__ = ["OPEN_PATHS", "OWNED_PREFIXES", "ROUTER", "RouterService", "build_app", "run_router"]
 
@@ -98,6 +102,19 @@ class RouterService:
         self._client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._latency: dict[tuple[str, int], Histogram] = {}
+        self.kv_events: KvEventHub | None = None
+        """Per-replica residency indexes from the engines' KV events (``--kv-events``); None: off."""
+        if config.kv_events is not None:
+            from rolloutpool.router.kv_events import KvEventHub  # noqa: PLC0415 - zmq only when configured
+
+            manager = self.manager
+            self.kv_events = KvEventHub(
+                config.kv_events,
+                replicas=lambda: {name: rt.spec.url for name, rt in manager.runtime.items()},
+                live=lambda: manager.table.sessions,
+                block_size=config.default_block_size,
+            )
+            self.metrics.registry.register(self.kv_events.collector())
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -119,6 +136,8 @@ class RouterService:
         await scraper.scrape_all()
         self._spawn(scraper.run(), "scrape")
         self._spawn(self._expire_loop(), "expiry")
+        if self.kv_events is not None:
+            self._spawn(self.kv_events.run(), "kv-events")
         if self.renewer is not None:
             self.renewer.attach(self._client)
             self._spawn(self.renewer.run(), "renewal")
@@ -181,6 +200,8 @@ class RouterService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self.renewer is not None:
             await self.renewer.close()
         if self.writer is not None:

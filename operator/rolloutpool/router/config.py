@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from rolloutpool.router.kv_sources import KvEventsSettings
 from rolloutpool.routing.caps import CapRule, effective_cap
 from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.limits import LedgerConfig
@@ -147,6 +148,10 @@ class RouterConfig:
     """``hashed`` (keyed, the key never written) or ``raw`` session and group ids in the trace."""
     shutdown_timeout_s: float = 10.0
     """In-flight requests get this long to finish on shutdown; the rest are cancelled."""
+
+    # -- KV events (router/kv_events.py) -------------------------------------------------
+    kv_events: KvEventsSettings | None = None
+    """Subscribe to each replica's vLLM KV events: an exact residency index per replica; None: off."""
 
     def __post_init__(self) -> None:
         parse_fields(self.session_body_fields)  # raises ValueError on a malformed field name

@@ -75,6 +75,9 @@ NOT_MODELLED = (
     "vLLM's at `default`.",
     "A block filled with a hash already cached: vLLM keeps both physical copies until one is freed; "
     "engine-sim adopts the cached block at once (the same hits).",
+    "KV events (`--kv-events-config`): that private copy's `BlockRemoved` follows its `BlockStored` in the same batch "
+    "where vLLM sends it when the copy is evicted, and a run of decode steps taken at once sends one batch "
+    "(`e2e/test_vllm_kv_events_e2e.py` checks both streams against the same residency index).",
     "Chunked-prefill and async-scheduling details inside a step (one token per running request per step).",
 )
 

@@ -100,6 +100,8 @@ class VllmServerConfig:
     prompt_tokens_details: bool = True
     prefix_caching: bool = True
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    extra_env: tuple[tuple[str, str], ...] = ()
+    """More environment, e.g. ``("VLLM_SERVER_DEV_MODE", "1")`` for ``/reset_prefix_cache``."""
 
 
 def server_command(python: Path, model: Path, cfg: VllmServerConfig) -> list[str]:
@@ -140,6 +142,7 @@ def server_environment(cfg: VllmServerConfig) -> dict[str, str]:
     """The environment a tiny vLLM server runs with (offline, CPU KV cache size)."""
     env = _offline_env()
     env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    env.update(cfg.extra_env)
     return env
 
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from rolloutpool.engine.model.cache_events import BlockRemoved, CacheCleared, CacheEvent
+
 __all__ = ["BlockPool"]
 
 
@@ -111,6 +113,8 @@ class BlockPool:
         self._cached_free = 0
         self.evictions = 0
         """Cached blocks whose hash was evicted to make room (cumulative)."""
+        self.events: list[CacheEvent] | None = None
+        """Where removals and resets are recorded (vLLM's KV events), or None (off: the default, free)."""
 
     # -- observation ----------------------------------------------------------------
 
@@ -265,7 +269,10 @@ class BlockPool:
             seg.ref += 1
             adopted += stop - depth
             depth, node = stop, seg
-        self._return_uncached(adopted)
+        if adopted:
+            self._return_uncached(adopted)
+            if self.events is not None:  # the request's own copies of these blocks leave the cache
+                self.events.extend(BlockRemoved(h) for h in hashes[start : start + adopted])
         return node
 
     def release(self, hashes: list[int], n_hashed: int, n_private: int) -> None:
@@ -308,6 +315,8 @@ class BlockPool:
         self._root = _Seg(0, [], 0, None)
         self._uncached = self.capacity
         self._cached_free = 0
+        if self.events is not None:
+            self.events.append(CacheCleared())
         return True
 
     # -- segments -----------------------------------------------------------------------
@@ -348,6 +357,8 @@ class BlockPool:
         if seg.children:  # pragma: no cover - would contradict prefix-closed residency
             raise RuntimeError("evicting blocks that cached blocks continue")
         hashes = seg.hashes
+        if self.events is not None:  # deepest first, the order vLLM's free queue evicts a freed chain in
+            self.events.extend(BlockRemoved(h) for h in reversed(hashes[len(hashes) - k :]))
         if k == len(hashes):
             if seg.parent is not None:
                 del seg.parent.children[hashes[0]]

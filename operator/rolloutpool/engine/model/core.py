@@ -32,6 +32,7 @@ import bisect
 from collections import deque
 
 from rolloutpool.engine.model.blocks import BlockPool
+from rolloutpool.engine.model.cache_events import BlocksStored, CacheEvent
 from rolloutpool.engine.model.request import EngineConfig, EngineCounters, Request, StepOutcome
 
 __all__ = ["Engine", "EngineConfig", "EngineCounters", "Request", "StepOutcome"]
@@ -81,6 +82,19 @@ class Engine:
         self._free(request)
         request.finish_reason = "abort"
         return True
+
+    def record_cache_events(self) -> None:
+        """Record the prefix cache's changes (vLLM's KV events) from now on, for :meth:`take_cache_events`."""
+        if self.pool.events is None:
+            self.pool.events = []
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        """The cache events recorded since the last call, oldest first (empty while not recording)."""
+        events = self.pool.events
+        if not events:
+            return []
+        self.pool.events = []
+        return events
 
     @property
     def has_work(self) -> bool:
@@ -174,6 +188,8 @@ class Engine:
             sealed = min((hit_tokens + n_new) // bs, len(req.hashes))
             if sealed > hits:  # vLLM caches the blocks a step fills when it allocates them: a later request of the
                 # same step (another choice of one prompt, an identical prompt) finds them
+                if pool.events is not None:
+                    pool.events.append(BlocksStored(req, hits, sealed))
                 req.pool_hint = pool.seal(req.hashes, hits, sealed, req.pool_hint)
                 req.n_hashed, req.n_private = sealed, need - (sealed - hits)
             if not req.scheduled_once:  # vLLM exports no figure of preempted re-admissions
@@ -204,7 +220,7 @@ class Engine:
         finished: list[Request] = []
         first: list[Request] = []
         generated = 0
-        bs, seal, model_len = self._bs, self.pool.seal, self.config.max_model_len
+        bs, seal, model_len, events = self._bs, self.pool.seal, self.config.max_model_len, self.pool.events
         for req, n_new in scheduled:  # _seal and _done, inlined
             computed = req.num_computed + n_new
             req.num_computed = computed
@@ -214,6 +230,8 @@ class Engine:
                 hashes = req.hashes
                 full = min(full, len(hashes))
                 if n_hashed < full:
+                    if events is not None:
+                        events.append(BlocksStored(req, n_hashed, full))
                     req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
                     req.n_private -= full - n_hashed
                     req.n_hashed = full
@@ -314,7 +332,7 @@ class Engine:
         """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
         duration = self.decode_run_seconds(steps)
         running = self.running
-        bs, seal, clock = self._bs, self.pool.seal, self._clock
+        bs, seal, clock, events = self._bs, self.pool.seal, self._clock, self.pool.events
         fins, counts = self._fins, self._phase_counts
         need = self._decode_blocks_needed(steps)
         if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
@@ -336,6 +354,8 @@ class Engine:
                 hashes = req.hashes
                 full = min(full, len(hashes))
                 if n_hashed < full:
+                    if events is not None:
+                        events.append(BlocksStored(req, n_hashed, full))
                     req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
                     req.n_hashed = full
             req.n_private = -(-computed // bs) - full

@@ -26,12 +26,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from rolloutpool.api.kv_events import KVEventsConfig
 from rolloutpool.engine.model.core import EngineConfig
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.tokenizer import generate_ids
 from rolloutpool.engine.server.calls import Call, StreamState, final_body, parse_call
 from rolloutpool.engine.server.instruments import CacheConfigInfo
-from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server.kv_publisher import KvEventPublisher
+from rolloutpool.engine.server.protocol import SESSION_ID_HEADER, OpenAIError, parse_json_object, session_id_of
 from rolloutpool.engine.server.rl import install_rl_api
 from rolloutpool.engine.server.rl_protocol import salt_hash
 from rolloutpool.engine.server.runtime import EngineRunner
@@ -83,6 +85,8 @@ class ServerConfig:
     """Reported in ``vllm:cache_config_info`` only."""
     decode_slice_s: float = 0.05
     """Longest run of pure-decode steps taken at once, in simulated seconds."""
+    kv_events: KVEventsConfig | None = None
+    """vLLM's ``--kv-events-config``: publish the prefix cache's changes (engine/server/kv_publisher.py)."""
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -157,6 +161,10 @@ class _Service:
                 enable_prefix_caching=config.enable_prefix_caching,
             ),
         )
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events is not None and config.kv_events.publishes:
+            self.kv_events = KvEventPublisher(config.kv_events, block_size=config.block_size)
+            self.runner.publish_kv_events(self.kv_events)
         self.faults = random.Random(config.seed)  # noqa: S311 - reproducible fault draws, not cryptography
         self.closing = False
         self.started = int(time.time())
@@ -206,20 +214,27 @@ class _Service:
         try:
             body = parse_json_object(await request.read())
             prompts, params = parse_call(body, model=cfg.model, max_model_len=cfg.max_model_len, chat=chat)
+            session = session_id_of(body, request.headers.get(SESSION_ID_HEADER), openai=True)
         except OpenAIError as exc:
             return _error(exc)
         call = Call(
             rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", chat=chat, params=params, score_seed=cfg.seed
         )
         skip_read = params.prompt_logprobs is not None  # vLLM skips the prefix-cache lookup for prompt logprobs
-        salt = salt_hash(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
+        cache_salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        salt = salt_hash(cache_salt)
         for ids in prompts:  # choice i + n * prompt index, as vLLM numbers them
             max_tokens = min(params.max_tokens, cfg.max_model_len - len(ids))
             base_seed = cfg.seed if params.seed is None else hash((cfg.seed, params.seed))
             for j in range(params.n):
                 seed = hash((base_seed, j)) if j else base_seed
                 job = self.runner.submit(
-                    ids, generate_ids(ids, max_tokens, seed=seed), hash_parent=salt, skip_cache_read=skip_read
+                    ids,
+                    generate_ids(ids, max_tokens, seed=seed),
+                    hash_parent=salt,
+                    skip_cache_read=skip_read,
+                    session_id=session,
+                    cache_salt=cache_salt,
                 )
                 job.changed = call.changed  # one wake-up for every choice of this call
                 call.jobs.append(job)
@@ -302,6 +317,8 @@ def build_app(config: ServerConfig) -> web.Application:
     install_rl_api(app, service.runner, config)  # vLLM's RL API: engine/server/rl.py
 
     async def start(_: web.Application) -> None:
+        if service.kv_events is not None:
+            service.kv_events.start()
         service.runner.start()
 
     async def shutdown(_: web.Application) -> None:
@@ -309,6 +326,8 @@ def build_app(config: ServerConfig) -> web.Application:
 
     async def cleanup(_: web.Application) -> None:
         await service.runner.stop()
+        if service.kv_events is not None:
+            await service.kv_events.close()
 
     app.on_startup.append(start)
     app.on_shutdown.append(shutdown)

@@ -27,7 +27,7 @@ from aiohttp import web
 from rolloutpool.engine.model.logprobs import score_output, score_prompt
 from rolloutpool.engine.model.tokenizer import detokenize, generate_ids
 from rolloutpool.engine.server.logprob_shapes import chat_logprobs, generate_logprobs, prompt_logprobs
-from rolloutpool.engine.server.protocol import OpenAIError, parse_json_object
+from rolloutpool.engine.server.protocol import SESSION_ID_HEADER, OpenAIError, parse_json_object
 from rolloutpool.engine.server.rl_protocol import (
     GenerateParams,
     Span,
@@ -118,6 +118,8 @@ class GenerateAPI:
                 generate_ids(prompt, max_tokens, seed=seed),
                 hash_parent=salt_hash(params.cache_salt),
                 skip_cache_read=params.prompt_logprobs is not None,
+                session_id=request.headers.get(SESSION_ID_HEADER) or None,  # vLLM's generate reads the header only
+                cache_salt=params.cache_salt,
             )
             job.changed = changed
             jobs.append(job)

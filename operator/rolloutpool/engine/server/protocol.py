@@ -1,8 +1,9 @@
 """OpenAI wire format of the engine simulator: request validation and error shapes (pure).
 
-Requests are validated leniently the way vLLM does it: unknown fields (``session_id``,
-``temperature``, ...) are ignored, malformed known fields are a 400
-``BadRequestError``. Errors copy vLLM's ``type``/``param`` values; the answer shapes live in
+Requests are validated leniently the way vLLM does it: unknown fields (``temperature``,
+...) are ignored, malformed known fields are a 400 ``BadRequestError``. The session a
+request's KV events name is found where vLLM 0.32 looks (:func:`session_id_of`). Errors
+copy vLLM's ``type``/``param`` values; the answer shapes live in
 :mod:`rolloutpool.engine.server.shapes`.
 """
 
@@ -19,17 +20,22 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "MAX_BATCH",
     "MAX_N",
+    "SESSION_ID_HEADER",
     "GenerationParams",
     "OpenAIError",
     "parse_chat",
     "parse_completion",
     "parse_json_object",
+    "session_id_of",
 ]
 
 MAX_N = 64
 """Largest ``n`` the simulator takes (each choice is one engine request)."""
 MAX_BATCH = 256
 """Most prompts in one completions request."""
+
+SESSION_ID_HEADER = "X-Session-ID"
+"""The header vLLM 0.32 reads a request's session from (``GenerateBaseServing.SESSION_ID_HEADER``)."""
 
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` when the body has none (OpenAI's completions default; also used for chat)."""
@@ -281,3 +287,26 @@ def parse_chat(body: dict[str, Any]) -> tuple[list[int], GenerationParams]:
         rendered.append({"role": message["role"], "content": _content(message.get("content"))})
     ids = tokenize(render_chat(rendered))
     return ids, _params(body, max_tokens_names=("max_completion_tokens", "max_tokens"), chat=True)
+
+
+def session_id_of(body: dict[str, Any], header: str | None, *, openai: bool) -> str | None:
+    """The session vLLM 0.32 stamps on a request's KV events, or None.
+
+    Completions and chat (``openai``): the body's ``session_id``, then the ``X-Session-ID``
+    header, then ``vllm_xargs.session_id``; the first non-empty string wins. vLLM's
+    ``/inference/v1/generate`` reads the header only.
+    """
+    if openai:
+        value = body.get("session_id")
+        if value is not None and not isinstance(value, str):
+            raise OpenAIError.invalid_body("session_id", "session_id should be a valid string.")
+        if value:
+            return value
+    if header:
+        return header
+    if openai:
+        xargs = body.get("vllm_xargs")
+        value = xargs.get("session_id") if isinstance(xargs, dict) else None
+        if isinstance(value, str) and value:
+            return value
+    return None

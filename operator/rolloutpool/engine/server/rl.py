@@ -137,7 +137,7 @@ class RLControl:
             spans.append((version, job.visible))
 
     def _reset_cache(self) -> bool:
-        cleared = self.runner.engine.pool.reset_prefix_cache()
+        cleared = self.runner.reset_prefix_cache()
         _log.info("Reset prefix cache cleared=%s in_flight=%d", cleared, self.runner.in_flight)
         return cleared
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.hashing import hash_token_blocks
 from rolloutpool.engine.server.instruments import CacheConfigInfo, EngineMetrics
+from rolloutpool.engine.server.kv_publisher import KvEventPublisher
 
 __all__ = ["EngineRunner", "Job"]
 
@@ -45,6 +46,11 @@ class Job:
     done: bool = False
     last_token_at: float = 0.0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    token_ids: list[int] = field(default_factory=list)
+    """Prompt then planned output (what the request's block hashes cover; its KV events carry them)."""
+    session_id: str | None = None
+    """The session vLLM would stamp on the request's ``BlockStored`` events."""
+    cache_salt: str | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -77,6 +83,26 @@ class EngineRunner:
         self.frozen = False
         """No engine step is taken while set (:meth:`freeze`)."""
         self.metrics = EngineMetrics(self.engine, model_name=model_name, cache_info=cache_info)
+        self.kv_events: KvEventPublisher | None = None
+        """Where each step's KV events go (``--kv-events-config``); None: not recorded at all."""
+
+    def publish_kv_events(self, publisher: KvEventPublisher) -> None:
+        """Record the engine's cache events from now on and send them to ``publisher`` after every step."""
+        self.kv_events = publisher
+        self.engine.record_cache_events()
+
+    def flush_kv_events(self) -> None:
+        """Publish the events recorded since the last flush as one batch (no-op when not publishing)."""
+        if self.kv_events is not None:
+            self.kv_events.publish(self.engine.take_cache_events())
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: False (nothing changes) while a request holds blocks.
+
+        Its ``AllBlocksCleared`` event leaves with the next step's batch, as in vLLM (the block
+        pool queues it; the scheduler publishes its queue after a step).
+        """
+        return self.engine.pool.reset_prefix_cache()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -112,21 +138,30 @@ class EngineRunner:
     # -- intake ----------------------------------------------------------------------
 
     def submit(
-        self, prompt_ids: list[int], output_ids: list[int], *, hash_parent: int = 0, skip_cache_read: bool = False
+        self,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        *,
+        hash_parent: int = 0,
+        skip_cache_read: bool = False,
+        session_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> Job:
         """Queue a request whose output is planned; ``ValueError`` when the prompt does not fit.
 
         ``hash_parent`` seeds the block chain (a ``cache_salt``: other salts share no block);
-        ``skip_cache_read`` makes it find no cached block (vLLM, for ``prompt_logprobs``).
+        ``skip_cache_read`` makes it find no cached block (vLLM, for ``prompt_logprobs``);
+        ``session_id`` and ``cache_salt`` go into its KV events.
         """
         bs = self.engine.config.block_size
         rid = self._next_rid
         self._next_rid += 1
+        token_ids = prompt_ids + output_ids
         request = Request(
             rid,
             prompt_len=len(prompt_ids),
             max_tokens=len(output_ids),
-            hashes=hash_token_blocks(prompt_ids + output_ids, bs, parent=hash_parent),
+            hashes=hash_token_blocks(token_ids, bs, parent=hash_parent),
         )
         request.skip_cache_read = skip_cache_read
         idle = not self.engine.has_work
@@ -134,7 +169,16 @@ class EngineRunner:
         self.engine.add(request)  # raises before any state changes
         if idle:
             self._reanchor(arrival)
-        job = Job(request=request, output_ids=output_ids, arrival=arrival, last_token_at=arrival)
+        job = Job(
+            request=request,
+            output_ids=output_ids,
+            arrival=arrival,
+            last_token_at=arrival,
+            token_ids=token_ids,
+            session_id=session_id,
+            cache_salt=cache_salt,
+        )
+        request.tag = job  # what its KV events need to know of it
         self._jobs[rid] = job
         self._work.set()
         return job
@@ -195,6 +239,7 @@ class EngineRunner:
                 await asyncio.sleep(_STALL_SLEEP_S)
             else:
                 await self._sleep_until_clock()
+            self.flush_kv_events()  # as vLLM: the step's events leave with its outputs
             self._publish(outcome, start)
 
     def _advance(self) -> StepOutcome:
