@@ -236,7 +236,7 @@ class Ledger:
             replica = self.table.replicas.get(current.replica)
             if replica is not None and replica.ready:
                 if self.policy.sticky:
-                    return self._return(current, now=now)
+                    return self._return(current, now=now, resident=placement.resident_tokens)
                 return self._route_again(current, placement, now=now)
             self._drop(current, "replaced", now=now)
         if self.closed:
@@ -251,10 +251,10 @@ class Ledger:
         self.queue.append(Waiting(self._tickets, placement, now, one_turn))
         return Queued(self._tickets)
 
-    def _return(self, current: Session, *, now: float) -> Arrival:
+    def _return(self, current: Session, *, now: float, resident: int | None) -> Arrival:
         """A live session's turn on its replica: served now, or held for room (routing/workingset.py)."""
         current.last_seen = now
-        if self.work is not None and not self.work.arrive(current.session_id, now=now):
+        if self.work is not None and not self.work.arrive(current.session_id, now=now, resident=resident):
             self._tickets += 1
             self.held[current.session_id] = self._tickets
             return Held(self._tickets)

@@ -43,6 +43,8 @@ class Placement:
     """Largest context the session will reach (only the clairvoyant reference knows it)."""
     prompt_tokens: int = 0
     """Prompt tokens of the first turn."""
+    resident_tokens: int | None = None
+    """A returning session's context still cached on its replica (KV events; the simulator's engine); None: unknown."""
 
 
 class Policy(Protocol):

@@ -58,6 +58,9 @@ class WorkingSetConfig:
     """A new session's first context until measured (prompt + first output, tokens)."""
     growth: int = 1024
     """A turn's growth until measured (tokens)."""
+    block_tolerance: int = 256
+    """A prefix counts as resident when at most this many of its last tokens are not cached (the partial last block,
+    a re-tokenized answer's last block)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.target <= self.limit <= 2:
@@ -200,8 +203,13 @@ class WorkingSet:
 
     # -- turns --------------------------------------------------------------------------
 
-    def arrive(self, sid: str, *, now: float) -> bool:
-        """A turn of a live session arrives: True to serve it now, False when it is held (it waits for room)."""
+    def arrive(self, sid: str, *, now: float, resident: int | None = None) -> bool:
+        """A turn of a live session arrives: True to serve it now, False when it is held (it waits for room).
+
+        ``resident``: its context still cached on the replica (None: unknown). A session let go whose prefix is
+        still resident is served at once like a kept one: it re-prefills nothing and its blocks are already in
+        the cache, so the room it takes again is made by letting older idle sessions go.
+        """
         tracked = self.sessions.get(sid)
         if tracked is None:
             return True  # not tracked (a replica without capacity yet): nothing to decide
@@ -214,9 +222,12 @@ class WorkingSet:
             self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
             return True
         need = self.need(sid)
-        if not work.held and self.make_room(work.name, need, now=now):
+        cached = resident is not None and resident >= tracked.context - self.config.block_tolerance
+        if cached or (not work.held and self.make_room(work.name, need, now=now)):
             work.out.discard(sid)
             self._generate(tracked, now, need)
+            if cached:
+                self.make_room(work.name, 0, now=now)
             return True
         tracked.phase, tracked.since = Phase.HELD, now
         work.held.append(sid)

@@ -226,7 +226,12 @@ class _Fleet:
         traj = self.trajs[idx]
         if self.recorder is not None:
             self.recorder.arrived(str(idx), now=self.now, group=str(traj.plan.group))
-        decision = self.ledger.arrive(self._placement(traj), now=self.now)
+        placement = self._placement(traj)
+        if traj.replica is not None and self.ledger.work is not None:  # what KV events tell the router
+            engine = self.drivers[traj.replica].engine
+            hits = engine.pool.count_hits(traj.chain.hashes, max(0, traj.chain.length - 1) // self.block_size)
+            placement = replace(placement, resident_tokens=hits * self.block_size)
+        decision = self.ledger.arrive(placement, now=self.now)
         if isinstance(decision, Bound):
             self._submit(traj, decision.session)
         self._dispatch()  # a Queued session is submitted when the ledger admits it
