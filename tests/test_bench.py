@@ -106,17 +106,25 @@ def test_program_scheduling_is_calibrated_to_engine_sim_in_wall_seconds() -> Non
     assert slow["token_capacity_per_target"] == 65536
     assert slow["binding_strategy"] == "least_program_count"
     assert slow["global_queue"] is True
-    fixed = cost.step_overhead_s + cost.weight_bytes / cost.hbm_bytes_per_s
+    fixed = cost.fixed_step_seconds
     decode = slow["decode_throughput_model"]
     assert decode["fixed_step_seconds"] == pytest.approx(fixed)
     # one decode step of 4 requests with 4000 context tokens each: the model's step time
     modelled = decode["fixed_step_seconds"] + 4 * decode["batch_step_seconds_per_request"]
     modelled += 16000 * decode["context_step_seconds_per_token"]
-    assert modelled == pytest.approx(cost.step_seconds(prefill_tokens=0, kv_tokens_read=16000))
+    assert modelled == pytest.approx(cost.step_seconds(decode_tokens=4, kv_tokens_read=16000))
     prefill = slow["prefill_cost_model"]
-    assert prefill["intercept_seconds"] + 2 * prefill["linear_seconds_per_1k_tokens"] == pytest.approx(
-        cost.step_seconds(prefill_tokens=2000, kv_tokens_read=0)
-    )
+    for n in (2000, 8000):  # a lone prompt in one chunk, attention included: vllm-router's quadratic
+        k = n / 1000
+        assert prefill["intercept_seconds"] + k * prefill["linear_seconds_per_1k_tokens"] + k * k * prefill[
+            "quadratic_seconds_per_1k_tokens_squared"
+        ] == pytest.approx(cost.prefill_seconds(n))
+    doubled = program_scheduling_config(
+        kv_capacity_tokens=65536, time_scale=1.0, metrics_interval_s=0.5, queue_timeout_s=600,
+        typical_prefill_tokens=1000, cost=cost.with_prefill_cost_scale(2.0),
+    )["prefill_cost_model"]  # fmt: skip
+    assert doubled["linear_seconds_per_1k_tokens"] == pytest.approx(2 * prefill["linear_seconds_per_1k_tokens"])
+    assert doubled["decode_throughput_alpha"] < prefill["decode_throughput_alpha"]
     assert 0 < prefill["decode_throughput_alpha"] < 1
     assert fast["decode_throughput_model"]["fixed_step_seconds"] == pytest.approx(fixed / 10)
     assert fast["max_acting_ttl_seconds"] == pytest.approx(slow["max_acting_ttl_seconds"] / 10)

@@ -379,8 +379,8 @@ async def test_time_scale_runs_simulated_seconds_faster_than_wall_seconds() -> N
         wall = time.monotonic() - started
         assert status == 200
         simulated = (await scrape(session, base))["values"]["vllm:e2e_request_latency_seconds_sum"]
-    # 1000 decode steps of overhead + an 8B weight read: more than 9 simulated seconds
-    assert simulated > 9.0
+    # 1000 decode steps of overhead + an 8B weight read (7.96 ms on the H100 preset): more than 7.5 simulated seconds
+    assert simulated > 7.5
     assert wall < simulated / 2
 
 
@@ -392,8 +392,8 @@ async def test_an_engine_behind_its_time_scale_counts_the_simulated_time_it_lost
         values = (await scrape(session, base))["values"]
     simulated = values["vllm:e2e_request_latency_seconds_sum"]
     lag = values["rolloutpool_engine_lag_seconds_total"]
-    # 1000 decode steps take > 9 simulated seconds, under 1 us of wall at 1e7: almost all of it is lag
-    assert simulated > 9.0
+    # 1000 decode steps take > 7.5 simulated seconds, under 1 us of wall at 1e7: almost all of it is lag
+    assert simulated > 7.5
     assert 0.5 * simulated < lag
     async with serve(time_scale=1.0) as base, aiohttp.ClientSession() as session:
         assert (await scrape(session, base))["values"]["rolloutpool_engine_lag_seconds_total"] == 0.0

@@ -318,7 +318,7 @@ def test_router_settings_come_from_the_spec() -> None:
     assert not any(a.startswith("--cap-ceiling") for a in c["args"])
     cost = hardware_preset("h100-80gb").cost  # engine-sims: their cost model's step floor and KV read
     assert f"--step-floor={cost.fixed_step_seconds!r}" in c["args"]
-    assert f"--kv-read-cost={cost.kv_bytes_per_token / cost.hbm_bytes_per_s!r}" in c["args"]
+    assert f"--kv-read-cost={cost.kv_bytes_per_token / cost.kv_bytes_per_s!r}" in c["args"]
 
 
 @pytest.mark.parametrize(("seconds", "arg"), [(4, "--renew-every=4"), (0.25, "--renew-every=0.25"), (None, None)])

@@ -38,6 +38,38 @@ def test_named_scenarios_and_unknown_name() -> None:
         scenario("nope")
 
 
+def test_the_128k_agentic_scenario_runs_long_horizons_at_long_contexts() -> None:
+    """Like vLLM's AgentX traces (DESIGN section 6): tens of turns, ~444-token outputs, contexts filling 128K."""
+    import statistics  # noqa: PLC0415
+
+    s = scenario("agentic-128k")
+    assert s.max_model_len == 131_072
+    source = TrajectorySource(s, 0)
+    inputs, outputs, turns, at_limit = [], [], [], 0
+    for _ in range(500):
+        plan = source.next()
+        context, served = plan.prompt_tokens, 0
+        for i, action in enumerate(plan.actions):  # what the fleet sends: it ends a rollout at maxModelLen
+            inputs.append(context)
+            outputs.append(action)
+            served += 1
+            context += action
+            if i + 1 == plan.turns or context + plan.observations[i] >= s.max_model_len - 1:
+                break
+            context += plan.observations[i]
+        at_limit += plan.final_context(s.max_model_len) >= 100_000
+        turns.append(served)
+    assert statistics.median(turns) >= 30  # tens of turns (43 drawn; the window ends about half first)
+    assert statistics.median(outputs) == pytest.approx(444, rel=0.05)
+    assert statistics.median(inputs) > 70_000  # prefill attention dominates re-prefill there
+    assert at_limit > 250
+    # the H100 preset holds two such contexts per replica, no more: the conservative floor is tight
+    one = FleetConfig(scenario=s, in_flight=1, replicas=1)
+    assert fleet_floor(one) == 2
+    result = simulate_policy(FleetConfig(scenario=s, in_flight=6, replicas=1, duration_s=600), "sticky-least-loaded")
+    assert result.generated_tokens > 0
+
+
 def _small(in_flight: int, **kw) -> FleetConfig:
     return FleetConfig(
         scenario=scenario("tool-chat"), in_flight=in_flight, replicas=2, num_gpu_blocks=4000,

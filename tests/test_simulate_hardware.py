@@ -48,16 +48,24 @@ def test_every_gpu_preset_has_step_time_figures() -> None:
 def test_cost_scales_with_gpus_and_weights() -> None:
     one = replica_hardware(model="qwen3-8b", gpu="h100-80gb", max_model_len=32768)
     two = replica_hardware(model="qwen3-8b", gpu="h100-80gb", max_model_len=32768, gpus_per_replica=2)
-    assert two.cost.hbm_bytes_per_s == 2 * one.cost.hbm_bytes_per_s
-    assert two.cost.prefill_tokens_per_s == 2 * one.cost.prefill_tokens_per_s
-    assert two.cost.weight_bytes == one.cost.weight_bytes
+    assert two.cost.weight_bytes_per_s == 2 * one.cost.weight_bytes_per_s
+    assert two.cost.kv_bytes_per_s == 2 * one.cost.kv_bytes_per_s
+    assert two.cost.linear_tokens_per_s == 2 * one.cost.linear_tokens_per_s
+    assert two.cost.attention_pair_s == one.cost.attention_pair_s / 2
+    assert (two.cost.weight_bytes, two.cost.knee_tokens) == (one.cost.weight_bytes, one.cost.knee_tokens)
     llama = replica_hardware(model="llama-3.1-8b", gpu="h100-80gb", max_model_len=32768)
     ratio = MODEL_PRESETS["qwen3-8b"].weight_gib / MODEL_PRESETS["llama-3.1-8b"].weight_gib
-    assert llama.cost.prefill_tokens_per_s == pytest.approx(one.cost.prefill_tokens_per_s * ratio)
+    assert llama.cost.linear_tokens_per_s == pytest.approx(one.cost.linear_tokens_per_s * ratio)
+    assert llama.cost.attention_pair_s == pytest.approx(one.cost.attention_pair_s * 32 / 36)  # layers
     assert llama.cost.kv_bytes_per_token == 128 * 1024
-    assert replica_hardware(model="qwen3-8b", gpu="h200-141gb", max_model_len=32768).cost.hbm_bytes_per_s > (
-        one.cost.hbm_bytes_per_s
+    assert replica_hardware(model="qwen3-8b", gpu="h200-141gb", max_model_len=32768).cost.weight_bytes_per_s > (
+        one.cost.weight_bytes_per_s
     )
+    halved = replica_hardware(model="qwen3-8b", gpu="h100-80gb", max_model_len=32768, prefill_cost_scale=0.5)
+    assert halved.cost == one.cost.with_prefill_cost_scale(0.5)
+    assert halved.describe()["prefill_cost_scale"] == 0.5
+    with pytest.raises(ValueError, match="prefill cost scale must be positive"):
+        replica_hardware(model="qwen3-8b", gpu="h100-80gb", max_model_len=32768, prefill_cost_scale=0.0)
 
 
 def test_explicit_capacity_is_whole_blocks_and_must_hold_one_context() -> None:
@@ -86,7 +94,8 @@ def test_the_fleet_runs_the_replicas_blocks_and_cost() -> None:
     config = with_hardware(base, small)
     assert (config.hardware, config.num_gpu_blocks, config.cost) == ("h100-80gb", 4096, small.cost)
     assert fleet_floor(config) == 2
-    slow = replace(small, cost=replace(small.cost, hbm_bytes_per_s=small.cost.hbm_bytes_per_s / 4))
+    quarter = {"weight_bytes_per_s": small.cost.weight_bytes_per_s / 4, "kv_bytes_per_s": small.cost.kv_bytes_per_s / 4}
+    slow = replace(small, cost=replace(small.cost, **quarter))
     fast_run = simulate_policy(config, "sticky-least-loaded")
     slow_run = simulate_policy(with_hardware(base, slow), "sticky-least-loaded")
     assert slow_run.tokens_per_s < 0.6 * fast_run.tokens_per_s  # decode is bandwidth-bound: the cost model is used

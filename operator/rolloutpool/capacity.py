@@ -49,6 +49,8 @@ class ModelPreset:
     kv_heads: int
     head_dim: int
     weight_gib: float
+    query_heads: int
+    """Attention (query) heads: with ``head_dim`` and ``layers``, what prefill attention computes per token pair."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,9 @@ class GpuPreset:
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
     # 8.03e9 parameters in bfloat16
-    "llama-3.1-8b": ModelPreset("llama-3.1-8b", layers=32, kv_heads=8, head_dim=128, weight_gib=14.96),
+    "llama-3.1-8b": ModelPreset("llama-3.1-8b", layers=32, kv_heads=8, head_dim=128, weight_gib=14.96, query_heads=32),
     # 8.19e9 parameters in bfloat16
-    "qwen3-8b": ModelPreset("qwen3-8b", layers=36, kv_heads=8, head_dim=128, weight_gib=15.26),
+    "qwen3-8b": ModelPreset("qwen3-8b", layers=36, kv_heads=8, head_dim=128, weight_gib=15.26, query_heads=32),
 }
 
 GPU_PRESETS: dict[str, GpuPreset] = {

@@ -165,6 +165,10 @@ def _simulate(
 )
 @click.option("--in-flight", type=click.IntRange(min=0), default=0, help="Trajectories in flight (0: --load x floor).")
 @click.option(
+    "--prefill-cost-scale", type=click.FloatRange(min=0.01, max=100.0), default=1.0, show_default=True,
+    help="The engine-sims' --prefill-cost-scale: multiply what prefill tokens cost (0.5 halves, 2.0 doubles).",
+)  # fmt: skip
+@click.option(
     "--load",
     "loads",
     type=click.FloatRange(min=0.01),
@@ -223,6 +227,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     time_scale: float,
     duration_s: float,
     in_flight: int,
+    prefill_cost_scale: float,
     loads: tuple[float, ...],
     seed: int,
     engine_seed: int,
@@ -285,6 +290,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
                 vllm_router_bin=vllm_router_bin,
                 out_dir=out_dir,
                 context_scale=context_scale,
+                prefill_cost_scale=prefill_cost_scale,
                 overhead=OverheadConfig(
                     concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice
                 )

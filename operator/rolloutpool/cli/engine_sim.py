@@ -25,7 +25,17 @@ __all__ = ["engine_sim"]
     show_default=True,
     help="Report usage.prompt_tokens_details (vLLM's default is off; the simulator's on).",
 )
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--prefill-cost-scale",
+    type=click.FloatRange(min=0.01, max=100.0),
+    default=1.0,
+    show_default=True,
+    help="Multiply what prefill tokens cost in the --hardware preset (0.5 halves, 2.0 doubles).",
+)
+@click.option(
+    "--max-num-seqs", type=click.IntRange(min=1), default=1024, show_default=True,
+    help="As vLLM's flag; its default on H100/H200-class GPUs.",
+)  # fmt: skip
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
 @click.option("--time-scale", type=click.FloatRange(min=0.001), default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -45,6 +55,7 @@ def engine_sim(
     model: str,
     max_model_len: int,
     hardware: str,
+    prefill_cost_scale: float,
     num_gpu_blocks: int | None,
     kv_capacity_tokens: int | None,
     block_size: int,
@@ -74,6 +85,7 @@ def engine_sim(
             model=model,
             max_model_len=max_model_len,
             hardware=hardware,
+            prefill_cost_scale=prefill_cost_scale,
             num_gpu_blocks=num_gpu_blocks,
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,

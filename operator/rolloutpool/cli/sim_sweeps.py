@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -11,10 +12,17 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rolloutpool.sim.workload import SCENARIOS
 
+if TYPE_CHECKING:
+    from rolloutpool.sim.config import FleetConfig
+
 __all__ = ["caps_command", "compare_command"]
 
 _console = Console()
 _DEFAULT_SCENARIOS = ("agentic-grpo", "tool-chat", "high-pressure", "policy-drift")
+_PREFILL_SCALE = click.option(
+    "--prefill-cost-scale", type=click.FloatRange(min=0.01, max=100.0), default=1.0, show_default=True,
+    help="Multiply what prefill tokens cost in the engines' step-time model (0.5 halves, 2.0 doubles).",
+)  # fmt: skip
 
 
 @click.command("simulate-caps")
@@ -34,6 +42,7 @@ _DEFAULT_SCENARIOS = ("agentic-grpo", "tool-chat", "high-pressure", "policy-drif
 @click.option("--rerun-adaptive", is_flag=True, help="Keep cached fixed-cap runs, rerun the adaptive ones.")
 @click.option("--fixed-only", is_flag=True, help="Run only the fixed caps (e.g. while the law is being tuned).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@_PREFILL_SCALE
 def caps_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     scenarios: tuple[str, ...],
     loads: tuple[float, ...],
@@ -48,15 +57,31 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     rerun_adaptive: bool,
     fixed_only: bool,
     no_plots: bool,
+    prefill_cost_scale: float,
 ) -> None:
     """Every fixed cap from the floor up (hindsight) vs the adaptive control law, per scenario and load."""
     from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.sweep import Point, SweepRun, run_sweep, sweep_points  # noqa: PLC0415
-    from rolloutpool.sim.sweep_report import load_runs, points_markdown, runs_json, write_cap_plots  # noqa: PLC0415
+    from rolloutpool.sim.sweep_report import (  # noqa: PLC0415
+        load_meta,
+        load_runs,
+        points_markdown,
+        runs_json,
+        write_cap_plots,
+    )
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
     names = scenarios or _DEFAULT_SCENARIOS
-    base = FleetConfig(scenario=scenario(names[0]), in_flight=1, replicas=replicas, duration_s=duration_s, seed=seed)
+    base = _with_prefill_scale(
+        FleetConfig(scenario=scenario(names[0]), in_flight=1, replicas=replicas, duration_s=duration_s, seed=seed),
+        prefill_cost_scale,
+    )
+    cached_scale = float(load_meta(out_dir / "sweep.json").get("prefill_cost_scale", 1.0))
+    if not fresh and cached_scale != prefill_cost_scale:
+        raise click.UsageError(
+            f"{out_dir / 'sweep.json'} holds runs with prefill cost scale {cached_scale:g}: "
+            "give --fresh or another --out"
+        )
     cache = {} if fresh else load_runs(out_dir / "sweep.json")
     if rerun_adaptive:
         cache = {k: r for k, r in cache.items() if r.cap is not None}
@@ -66,7 +91,7 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     def save(runs: dict[str, SweepRun], wall: float) -> list[Point]:
         points = sweep_points(runs)
         meta = {"replicas": replicas, "duration_s": duration_s, "drift_duration_s": drift_duration_s, "step": step,
-                "seed": seed, "wall_s": wall}  # fmt: skip
+                "seed": seed, "prefill_cost_scale": prefill_cost_scale, "wall_s": wall}  # fmt: skip
         (out_dir / "sweep.json").write_text(runs_json(runs, points, meta))
         return points
 
@@ -118,6 +143,7 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="Every row as JSON (`rolloutpool.sim.compare.load_rows` reads it back).",
 )  # fmt: skip
+@_PREFILL_SCALE
 def compare_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     scenarios: tuple[str, ...],
     loads: tuple[float, ...],
@@ -128,6 +154,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     workers: int,
     out_file: Path | None,
     json_file: Path | None,
+    prefill_cost_scale: float,
 ) -> None:
     """Our caps (KV admission, fixed cap, adaptive law) over sticky least-loaded, side by side in one run."""
     from rolloutpool.sim.compare import (  # noqa: PLC0415
@@ -149,6 +176,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
             raise click.UsageError(str(e)) from None
     chosen = [BASELINE, *(v for v in (variants or VARIANTS) if v != BASELINE)]
     base = FleetConfig(scenario=scenario(scenarios[0]), in_flight=1, replicas=replicas, duration_s=duration_s)
+    base = _with_prefill_scale(base, prefill_cost_scale)
     jobs = compare_jobs(base, scenarios=scenarios, loads=loads or (1.0, 3.0), seeds=seeds or (0,), variants=chosen)
     started = time.perf_counter()
 
@@ -161,11 +189,24 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     rows = run_compare(jobs, workers=workers, on_done=done)
     table = rows_markdown(rows)
     _console.print(table)
-    _console.print(f"{replicas} replicas, {duration_s:g} simulated s, {time.perf_counter() - started:.0f}s wall")
+    _console.print(
+        f"{replicas} replicas, {duration_s:g} simulated s, prefill cost x{prefill_cost_scale:g}, "
+        f"{time.perf_counter() - started:.0f}s wall"
+    )
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text(table)
     if json_file is not None:
         json_file.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"replicas": replicas, "duration_s": duration_s, "wall_s": time.perf_counter() - started}
+        meta = {"replicas": replicas, "duration_s": duration_s, "prefill_cost_scale": prefill_cost_scale,
+                "wall_s": time.perf_counter() - started}  # fmt: skip
         json_file.write_text(rows_json(rows, meta))
+
+
+def _with_prefill_scale(base: FleetConfig, scale: float) -> FleetConfig:
+    """``base`` whose engines run their hardware preset's cost model with prefill ``scale`` times as dear."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from rolloutpool.engine.model.cost import hardware_preset  # noqa: PLC0415
+
+    return replace(base, cost=hardware_preset(base.hardware).cost.with_prefill_cost_scale(scale))

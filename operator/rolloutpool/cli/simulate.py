@@ -185,7 +185,8 @@ def simulate(
                    cap=trace_cap, out_dir=out_dir, console=_console)  # fmt: skip
         return
     _console.print(
-        f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each), "
+        f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each, "
+        f"prefill cost x{hardware.cost.prefill_cost_scale:g}), "
         f"fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
     )

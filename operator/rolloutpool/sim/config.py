@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.autoscale import LawParams
 from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.engine.model.request import DEFAULT_MAX_NUM_SEQS
 from rolloutpool.routing.admission_kv import GROWTH_SHARE
 from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
@@ -30,7 +31,7 @@ class FleetConfig:
     num_gpu_blocks: int | None = None
     cost: CostModel | None = None
     """The engines' step-time model; None: the ``hardware`` preset's (:mod:`rolloutpool.sim.hardware` builds both)."""
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 8192
     duration_s: float = 7200.0
     seed: int = 0

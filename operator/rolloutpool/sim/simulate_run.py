@@ -62,12 +62,16 @@ _OPTIONS = (
     click.option("--kv-dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bfloat16", show_default=True),
     click.option("--kv-capacity-tokens", type=click.IntRange(min=16), default=None,
                  help="KV tokens per replica, instead of the estimate from the presets."),
+    click.option("--prefill-cost-scale", type=click.FloatRange(min=0.01, max=100.0), default=1.0, show_default=True,
+                 help="Multiply what prefill tokens cost in the step-time model (0.5 halves, 2.0 doubles): "
+                 "report every headline figure at 0.5, 1 and 2 (docs/cost-model.md)."),
 )  # fmt: skip
 
 
 def replica_options(command: _F) -> _F:
     """Add the replica options (``--model --gpu --hardware --gpus-per-replica --gpu-memory-utilization
-    --kv-dtype --kv-capacity-tokens``) to a click command; read them back with :func:`replica_from_options`."""
+    --kv-dtype --kv-capacity-tokens --prefill-cost-scale``) to a click command; read them back with
+    :func:`replica_from_options`."""
     for option in reversed(_OPTIONS):
         command = option(command)
     return command
@@ -90,6 +94,7 @@ def replica_from_options(options: Mapping[str, Any], *, max_model_len: int) -> R
             gpu_memory_utilization=0.9 if utilization is None else float(utilization),
             kv_dtype=str(options.get("kv_dtype") or "bfloat16"),
             kv_capacity_tokens=options.get("kv_capacity_tokens"),
+            prefill_cost_scale=float(options.get("prefill_cost_scale") or 1.0),
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err

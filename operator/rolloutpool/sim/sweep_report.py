@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from rolloutpool.sim.sweep import Point, SweepRun
 
-__all__ = ["load_runs", "points_markdown", "runs_json", "write_cap_plots"]
+__all__ = ["load_meta", "load_runs", "points_markdown", "runs_json", "write_cap_plots"]
 
 _REFERENCES = {"policy-drift": (("agentic-grpo", "before the drift", "g"), ("policy-drifted", "after the drift", "r"))}
 """Stationary scenarios whose best fixed caps a drifting scenario should move between."""
@@ -31,6 +31,11 @@ def runs_json(runs: dict[str, SweepRun], points: list[Point], meta: dict[str, An
         },
         indent=1,
     )
+
+
+def load_meta(path: Path) -> dict[str, Any]:
+    """The ``meta`` of an earlier ``sweep.json`` (a missing file gives none)."""
+    return dict(json.loads(path.read_text()).get("meta", {})) if path.exists() else {}
 
 
 def load_runs(path: Path) -> dict[str, SweepRun]:

@@ -154,6 +154,19 @@ SCENARIOS: dict[str, Scenario] = {
             long_share=0.3,
             long_turns=Lognormal(40, 60),
         ),
+        Scenario(
+            name="agentic-128k",
+            description="Long-horizon agent at 128K contexts, like vLLM's AgentX traces: ~40k-token task context,"
+            " ~43 turns of ~444-token actions and ~1k-token observations; half the rollouts reach maxModelLen"
+            " 131072, requests average ~80k input tokens (held out)",
+            group_size=8,
+            prompt_tokens=Lognormal(40_000, 56_000),
+            action_tokens=Lognormal(444, 1400),
+            observation_tokens=Lognormal(1000, 3500),
+            tool_latency_s=Lognormal(3.0, 20.0),
+            turns=Lognormal(43, 80),
+            max_model_len=131_072,
+        ),
     )
 }
 

@@ -88,6 +88,8 @@ class RouterLaunch:
     """vllm-router's metrics port (it binds one; never its default 29000)."""
     admin_token_file: str | None = None
     """Our router's admin token (``rolloutpool-adaptive`` writes the operator's caps through the admin API)."""
+    cost: CostModel | None = None
+    """The engine-sims' step-time model (vllm-router's program scheduling is calibrated to it); None: the default."""
 
 
 def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
@@ -126,15 +128,18 @@ def program_scheduling_config(
 ) -> dict[str, Any]:
     """vllm-router's program-scheduling object, calibrated to engine-sim's cost model (pure).
 
-    Step cost of engine-sim: ``overhead + prefill/rate + (weights + kv_tokens * kv_bytes) / bandwidth``.
-    So a cold prefill costs ``fixed + tokens/rate`` (no quadratic term); a decode step
-    costs ``fixed + context_tokens * kv_bytes / bandwidth`` (no per-request term); and
-    while a typical prefill shares a step, decode keeps ``fixed / (fixed + prefill/rate)``
-    of its throughput. Times are wall seconds: simulated seconds / ``time_scale``.
+    A lone prefill of ``n`` tokens in one chunk (``n`` past the knee) costs engine-sim
+    ``fixed + (scale * n - knee) / linear_rate + scale * a_pair * n**2 / 2``, which is exactly vllm-router's
+    ``intercept + linear * n/1k + quadratic * (n/1k)**2`` with the coefficients below. A decode step costs
+    ``fixed + context_tokens * kv_bytes / kv_bandwidth`` below the knee (no per-request term: the
+    bench's batches stay under it); while a typical prefill shares a step, decode keeps
+    ``fixed / (fixed + prefill)`` of its throughput. Times are wall seconds: simulated seconds / ``time_scale``.
     """
     c = cost or CostModel()
-    fixed = c.step_overhead_s + c.weight_bytes / c.hbm_bytes_per_s
-    prefill_s = typical_prefill_tokens / c.prefill_tokens_per_s
+    fixed = c.fixed_step_seconds
+    scale = c.prefill_cost_scale
+    n = typical_prefill_tokens
+    prefill_s = c.step_seconds(prefill_tokens=n, attention_pairs=n * n / 2) - fixed
     wall = 1.0 / time_scale
     return {
         "program_scheduling_enable_key": "auto",
@@ -149,15 +154,15 @@ def program_scheduling_config(
         "paused_retention_ttl_seconds": 1800.0 * wall,
         "shared_prefix_freshness_warmup_seconds": 100.0 * wall,
         "prefill_cost_model": {
-            "intercept_seconds": fixed * wall,
-            "linear_seconds_per_1k_tokens": 1000.0 / c.prefill_tokens_per_s * wall,
-            "quadratic_seconds_per_1k_tokens_squared": 0.0,
+            "intercept_seconds": (fixed - c.knee_tokens / c.linear_tokens_per_s) * wall,
+            "linear_seconds_per_1k_tokens": 1000.0 * scale / c.linear_tokens_per_s * wall,
+            "quadratic_seconds_per_1k_tokens_squared": 1e6 * scale * c.attention_pair_s / 2 * wall,
             "decode_throughput_alpha": min(1.0, max(0.0, fixed / (fixed + prefill_s))),
         },
         "decode_throughput_model": {
             "fixed_step_seconds": fixed * wall,
             "batch_step_seconds_per_request": 0.0,
-            "context_step_seconds_per_token": c.kv_bytes_per_token / c.hbm_bytes_per_s * wall,
+            "context_step_seconds_per_token": c.kv_read_seconds(1) * wall,
         },
     }
 
@@ -185,6 +190,7 @@ def vllm_router_argv(name: str, launch: RouterLaunch, *, binary: str) -> list[st
             metrics_interval_s=launch.scrape_interval_s,
             queue_timeout_s=launch.queue_timeout_s,
             typical_prefill_tokens=launch.typical_prefill_tokens,
+            cost=launch.cost,
         )
         argv += ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(config)]
     return argv

@@ -27,7 +27,7 @@ from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
-from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.engine.model.cost import CostModel, hardware_preset
 from rolloutpool.engine.server.instruments import LAG_SECONDS
 from rolloutpool.sim.workload import Lognormal, Scenario
 
@@ -107,6 +107,13 @@ class BenchConfig:
     ready_timeout_s: float = 60.0
     context_scale: float = 1.0
     """How ``scenario`` was scaled (reported only)."""
+    prefill_cost_scale: float = 1.0
+    """The engine-sims' ``--prefill-cost-scale``: what prefill costs in their step-time model (0.5 halves)."""
+
+    @property
+    def engine_cost(self) -> CostModel:
+        """The engine-sims' step-time model: their hardware preset's, with ``prefill_cost_scale``."""
+        return hardware_preset(ENGINE_HARDWARE).cost.with_prefill_cost_scale(self.prefill_cost_scale)
 
     @property
     def max_model_len(self) -> int:
@@ -271,6 +278,7 @@ def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens
         "--max-model-len", str(config.max_model_len),
         "--seed", str(config.engine_seed),
         "--hardware", ENGINE_HARDWARE,
+        "--prefill-cost-scale", f"{config.prefill_cost_scale:g}",
     )  # fmt: skip
 
 
@@ -293,7 +301,7 @@ def _launch(
     max_model_len: int | None,
     admin_token_file: str | None = None,
 ) -> RouterLaunch:
-    cost = hardware_preset(ENGINE_HARDWARE).cost  # the engine-sims' step floor and KV read
+    cost = config.engine_cost  # the engine-sims' step floor and KV read
     return RouterLaunch(
         replica_urls=tuple(engine_urls),
         port=free_port(),
@@ -307,6 +315,7 @@ def _launch(
         typical_prefill_tokens=config.typical_prefill_tokens,
         step_floor_seconds=cost.fixed_step_seconds,
         kv_read_seconds_per_token=cost.kv_read_seconds(1),
+        cost=cost,
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
     )
@@ -419,6 +428,7 @@ def describe(config: BenchConfig) -> dict[str, object]:
     return {
         "scenario": s.name,
         "context_scale": config.context_scale,
+        "prefill_cost_scale": config.prefill_cost_scale,
         "group_size": s.group_size,
         "prompt_tokens": [s.prompt_tokens.median, s.prompt_tokens.p90],
         "action_tokens": [s.action_tokens.median, s.action_tokens.p90],

@@ -58,6 +58,7 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         in_flight=config.resolved_in_flight,
         replicas=config.replicas,
         num_gpu_blocks=config.kv_capacity_tokens // DEFAULT_BLOCK_SIZE,  # as engine-sim --kv-capacity-tokens
+        cost=config.engine_cost,
         duration_s=config.duration_s * config.time_scale,
         seed=config.seed,
         expected_residency=config.residency,

@@ -211,12 +211,24 @@ class Engine:
         cost = self.config.cost
         prefill_tokens = 0
         kv_read = kv_new = 0
+        pairs = 0.0  # prefill attention: a chunk of q tokens over p computed ones, q * (p + q / 2) query-key pairs
         for req, n_new in scheduled:
-            kv_read += req.num_computed
+            computed = req.num_computed
+            kv_read += computed
             kv_new += n_new
             if n_new > 1 or req.num_output == 0:
                 prefill_tokens += n_new
-        duration = cost.step_seconds(prefill_tokens=prefill_tokens, kv_tokens_read=kv_read) if scheduled else 0.0
+                pairs += n_new * (computed + n_new / 2)
+        duration = (
+            cost.step_seconds(
+                prefill_tokens=prefill_tokens,
+                decode_tokens=kv_new - prefill_tokens,
+                kv_tokens_read=kv_read,
+                attention_pairs=pairs,
+            )
+            if scheduled
+            else 0.0
+        )
         finished: list[Request] = []
         first: list[Request] = []
         generated = 0

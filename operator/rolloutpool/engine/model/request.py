@@ -10,7 +10,11 @@ from typing import Any
 
 from rolloutpool.engine.model.cost import CostModel
 
-__all__ = ["EngineConfig", "EngineCounters", "Request", "StepOutcome"]
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "EngineConfig", "EngineCounters", "Request", "StepOutcome"]
+
+DEFAULT_MAX_NUM_SEQS = 1024
+"""vLLM's ``max_num_seqs`` on GPUs of 70 GiB or more other than the A100 (H100, H200), for the OpenAI server and
+the ``LLM`` class alike (``EngineArgs.get_batch_defaults`` in ``vllm/engine/arg_utils.py``); 256 on smaller GPUs."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,7 @@ class EngineConfig:
 
     num_gpu_blocks: int
     block_size: int = 16
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
     cost: CostModel = field(default_factory=CostModel)

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from rolloutpool.api.kv_events import KVEventsConfig
 from rolloutpool.engine.model.core import EngineConfig
 from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.engine.model.request import DEFAULT_MAX_NUM_SEQS
 from rolloutpool.engine.model.tokenizer import generate_ids
 from rolloutpool.engine.server.calls import Call, StreamState, final_body, parse_call
 from rolloutpool.engine.server.instruments import CacheConfigInfo
@@ -61,6 +62,8 @@ class ServerConfig:
     max_model_len: int = 32768
     hardware: str = "h100-80gb"
     """Hardware preset giving the cost model and, unless overridden, the KV pool size."""
+    prefill_cost_scale: float = 1.0
+    """Multiplies what prefill tokens cost in the preset's model (0.5 halves, 2.0 doubles)."""
     num_gpu_blocks: int | None = None
     """KV pool size in blocks; ``None`` takes the preset's (scaled to ``block_size``)."""
     block_size: int = 16
@@ -69,7 +72,7 @@ class ServerConfig:
     """vLLM's ``--enable-prefix-caching``; reported in ``vllm:cache_config_info``."""
     prompt_tokens_details: bool = True
     """vLLM's ``--enable-prompt-tokens-details``: off, ``usage.prompt_tokens_details`` is null."""
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 8192
     time_scale: float = 1.0
     """Simulated seconds per wall second (100 runs a minute of engine time in 0.6 s)."""
@@ -94,6 +97,8 @@ class ServerConfig:
         for name in ("error_rate", "hang_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
+        if not self.prefill_cost_scale > 0:
+            raise ValueError(f"prefill_cost_scale must be positive, got {self.prefill_cost_scale}")
         if self.added_latency_ms < 0 or self.decode_slice_s <= 0:
             raise ValueError("added_latency_ms must be >= 0 and decode_slice_s > 0")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
@@ -120,7 +125,7 @@ class ServerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            cost=hardware_preset(self.hardware).cost,
+            cost=hardware_preset(self.hardware).cost.with_prefill_cost_scale(self.prefill_cost_scale),
             enable_prefix_caching=self.enable_prefix_caching,
         )
 
