@@ -286,7 +286,14 @@ class Ledger:
                 self._unhold(placement.session_id)
             first = None if not placement.prompt_tokens else placement.prompt_tokens + int(self.work.growth) // 2
             self.work.make_room(name, first or int(self.work.first_context), now=now)
-            self.work.bound(placement.session_id, name, now=now, first_context=first)
+            self.work.bound(
+                placement.session_id,
+                name,
+                now=now,
+                first_context=first,
+                group=placement.group,
+                shared=placement.prompt_tokens if placement.group is not None else 0,
+            )
             if moved_from is not None and moved_from.replica != name:
                 self._kv_cap(moved_from.replica)
             self._kv_cap(name)
@@ -443,7 +450,9 @@ class Ledger:
         if session.inflight == 0 and (session.release_how is not None or session.one_turn):
             self._drop(session, session.release_how or "request", now=now)
         elif session.inflight == 0 and self.work is not None:
-            self.work.turn_finished(session.session_id, context=session.context_tokens or None, now=now)
+            self.work.turn_finished(
+                session.session_id, context=session.context_tokens or None, now=now, prompt=session.prompt_tokens
+            )
             self._kv_cap(session.replica)
             self._resume(session.replica, now=now)
 
@@ -458,6 +467,8 @@ class Ledger:
             session.context_tokens = 0
             return 0, 0
         checked = self.observe_cached(session, now=now, usage=usage)
+        if not session.prompt_tokens and not session.context_tokens:  # its first turn: what a group shares
+            session.prompt_tokens = usage.prompt_tokens
         session.context_tokens = usage.prompt_tokens + usage.completion_tokens
         if self.kv is not None and not session.one_turn:
             self.kv.turn_finished(session.session_id, session.replica, context=session.context_tokens)

@@ -98,6 +98,10 @@ class Tracked:
     """Its tokens in the replica's working set (0 when let go or held)."""
     let_go: int = 0
     """How often its prefix was let go (for metrics)."""
+    group: str | None = None
+    """Its group (a GRPO group shares its prompt's cached blocks)."""
+    shared: int = 0
+    """Tokens of its context its group shares (the group's prompt): counted once per replica."""
 
 
 @dataclass
@@ -114,6 +118,8 @@ class ReplicaWork:
     """Sessions whose turn waits, in arrival order."""
     out: set[str] = field(default_factory=set)
     """Sessions whose prefix is let go (waiting on a tool, or held)."""
+    groups: dict[str, list[int]] = field(default_factory=dict)
+    """Group -> [members counted, shared tokens]: the shared prompt is in the working set once, not per member."""
     holds: int = 0
     """Turns held (cumulative)."""
     resumes: int = 0
@@ -161,11 +167,23 @@ class WorkingSet:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def bound(self, sid: str, replica: str, *, now: float, first_context: int | None = None) -> None:
-        """A new session placed on ``replica`` starts its first turn (counted at its expected first context)."""
+    def bound(
+        self,
+        sid: str,
+        replica: str,
+        *,
+        now: float,
+        first_context: int | None = None,
+        group: str | None = None,
+        shared: int = 0,
+    ) -> None:
+        """A new session placed on ``replica`` starts its first turn (counted at its expected first context).
+
+        ``shared``: tokens its group's members share (their prompt; 0 when unknown: learned from the first turn).
+        """
         self.released(sid)
         context = int(first_context) if first_context else int(self.first_context)
-        tracked = Tracked(replica, 0, Phase.GENERATING, now)
+        tracked = Tracked(replica, 0, Phase.GENERATING, now, group=group, shared=shared)
         self.sessions[sid] = tracked
         self._count(tracked, context)
 
@@ -185,7 +203,7 @@ class WorkingSet:
         work = self.replicas.get(tracked.replica)
         if work is None:
             return
-        work.counted -= tracked.counted
+        self._count(tracked, 0)
         work.idle.pop(sid, None)
         work.out.discard(sid)
         if tracked.phase is Phase.HELD:
@@ -234,11 +252,17 @@ class WorkingSet:
         work.holds += 1
         return False
 
-    def turn_finished(self, sid: str, *, context: int | None, now: float) -> None:
-        """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept."""
+    def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
+        """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
+
+        ``prompt``: the turn's prompt tokens; a first turn's is what its group shares when that was not known.
+        """
         tracked = self.sessions.get(sid)
         if tracked is None or tracked.phase is not Phase.GENERATING:
             return
+        if tracked.context == 0 and not tracked.shared and prompt and tracked.group is not None:
+            self._count(tracked, 0)
+            tracked.shared = prompt
         if context is not None:
             if tracked.context > 0:
                 self.growth += self.config.smoothing * (context - tracked.context - self.growth)
@@ -256,9 +280,20 @@ class WorkingSet:
         self._count(tracked, tokens)
 
     def _count(self, tracked: Tracked, tokens: int) -> None:
+        """Set a session's tokens in its replica's working set; its group's shared prompt is counted once."""
         work = self.replicas[tracked.replica]
         work.counted += tokens - tracked.counted
-        tracked.counted = tokens
+        was, tracked.counted = tracked.counted > 0, tokens
+        if tracked.group is None or not tracked.shared or was == (tokens > 0):
+            return
+        entry = work.groups.get(tracked.group)
+        if entry is None:
+            entry = work.groups[tracked.group] = [0, tracked.shared]
+        before = max(0, entry[0] - 1) * entry[1]
+        entry[0] += 1 if tokens > 0 else -1
+        work.counted -= max(0, entry[0] - 1) * entry[1] - before
+        if entry[0] == 0:
+            del work.groups[tracked.group]
 
     # -- room -----------------------------------------------------------------------------
 
@@ -293,9 +328,10 @@ class WorkingSet:
         """Let go of idle sessions, idle longest first, until ``tokens`` fit the target: those idle at least
         ``keep_s``, and any while the working set is over ``limit``."""
         work = self.replicas[name]
-        free = self.free(name)
-        if free is None or work.capacity is None:
+        budget = work.budget(self.config.target)
+        if budget is None or work.capacity is None:
             return False
+        free = budget - work.counted
         over = work.capacity * (self.config.limit - self.config.target)  # free below -over: past the limit
         while free < tokens and work.idle:
             sid = next(iter(work.idle))
@@ -303,9 +339,8 @@ class WorkingSet:
             if now - tracked.since < self.config.keep_s and free >= -over:
                 return False
             del work.idle[sid]
-            free += tracked.counted
-            work.counted -= tracked.counted
-            tracked.counted = 0
+            self._count(tracked, 0)
+            free = budget - work.counted
             tracked.phase = Phase.LET_GO
             tracked.let_go += 1
             work.lets_go += 1
