@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,9 @@ from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.workingset import Phase, WorkingSet, WorkingSetConfig
 
-CONFIG = WorkingSetConfig(target=0.5, limit=1.0, keep_s=10.0, hold_limit_s=100.0, fair_after_s=30.0, growth=100)
+CONFIG = WorkingSetConfig(
+    target=0.5, limit=1.0, keep_s=10.0, keep_quantile=None, hold_limit_s=100.0, fair_after_s=30.0, growth=100
+)
 
 
 def _set(capacity: int = 10_000) -> WorkingSet:
@@ -213,3 +217,26 @@ def test_a_held_turn_is_withdrawn_when_its_session_is_released_and_left_when_its
     assert Withdrawn(held.ticket, "a", "released") in ledger.take_events()
     assert "a" not in ledger.held
     assert ledger.work.phase("a") is None
+
+
+def test_leases_follow_the_tool_times_learned_from_the_gaps() -> None:
+    ws = WorkingSet(replace(CONFIG, keep_quantile=0.9))
+    ws.add_replica("r", capacity=100_000)
+    now = 0.0
+    for i in range(40):  # fast tools for everyone: ~1 s
+        _idle(ws, f"f{i}", 1000, now=now)
+        now += 1.0
+        assert ws.arrive(f"f{i}", now=now)
+        ws.turn_finished(f"f{i}", context=1100, now=now)
+    last = ws.sessions["f39"]
+    fast = last.until - last.since
+    assert 0.5 < fast < 3.0  # the prior was keep_s (10 s); the gaps say ~1 s
+    _idle(ws, "slow", 1000, now=now)
+    for _ in range(6):  # one session's own tool is slow: ~60 s
+        now += 60.0
+        assert ws.arrive("slow", now=now)
+        ws.turn_finished("slow", context=1100, now=now)
+    slow = ws.sessions["slow"]
+    assert slow.until - slow.since > 20.0
+    ws.released("slow")
+    assert "slow" not in ws.tool.sessions

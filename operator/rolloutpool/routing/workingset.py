@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from rolloutpool.routing.tooltime import ToolTimes
+
 __all__ = ["Phase", "ReplicaWork", "Tracked", "WorkingSet", "WorkingSetConfig"]
 
 
@@ -47,7 +49,11 @@ class WorkingSetConfig:
     """Share of the KV capacity the working set never exceeds: past it idle sessions are let go however recently
     they went idle (the engine would evict them anyway, oldest first), so their turns wait for room."""
     keep_s: float = 20.0
-    """An idle session's prefix is kept at least this long while the working set is under ``limit``."""
+    """An idle session's prefix is kept at least this long while the working set is under ``limit``; with
+    ``keep_quantile``, only until the router has seen tool times (the prior of the learned lease)."""
+    keep_quantile: float | None = 0.9
+    """The lease: an idle session's prefix is kept until this quantile of its predicted tool time
+    (:mod:`~rolloutpool.routing.tooltime`: learned from the gaps between its turns and the fleet's); None: ``keep_s``."""
     hold_limit_s: float = 300.0
     """A held turn is served after this long whatever the room (bounded wait)."""
     fair_after_s: float = 10.0
@@ -68,6 +74,8 @@ class WorkingSetConfig:
         for name in ("keep_s", "hold_limit_s", "fair_after_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.keep_quantile is not None and not 0 < self.keep_quantile < 1:
+            raise ValueError(f"keep_quantile must be in (0, 1), got {self.keep_quantile}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
 
@@ -94,6 +102,8 @@ class Tracked:
     phase: Phase
     since: float
     """When it entered its phase."""
+    until: float = 0.0
+    """While idle: when its lease ends (after which its prefix may be let go)."""
     counted: int = 0
     """Its tokens in the replica's working set (0 when let go or held)."""
     let_go: int = 0
@@ -148,6 +158,8 @@ class WorkingSet:
         self.sessions: dict[str, Tracked] = {}
         self.growth = float(self.config.growth)
         self.first_context = float(self.config.first_context)
+        self.tool = ToolTimes(prior_s=max(self.config.keep_s, 0.01))
+        """Tool times learned from the gaps between turns (the leases)."""
 
     # -- membership ---------------------------------------------------------------------
 
@@ -190,7 +202,7 @@ class WorkingSet:
     def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
         """A session re-created from a snapshot: idle, its prefix kept."""
         self.released(sid)
-        tracked = Tracked(replica, context, Phase.IDLE, now)
+        tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s)
         self.sessions[sid] = tracked
         self._count(tracked, context)
         self.replicas[replica].idle[sid] = None
@@ -198,6 +210,7 @@ class WorkingSet:
     def released(self, sid: str) -> None:
         """The session is over (or moved): its tokens leave the working set, a held turn leaves the queue."""
         tracked = self.sessions.pop(sid, None)
+        self.tool.forget(sid)
         if tracked is None:
             return
         work = self.replicas.get(tracked.replica)
@@ -234,6 +247,8 @@ class WorkingSet:
         work = self.replicas[tracked.replica]
         if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
             return tracked.phase is Phase.GENERATING  # a second request of a turn in flight, or still held
+        if tracked.context:  # a gap between two turns: its tool time
+            self.tool.observe(sid, now - tracked.since)
         if tracked.phase is Phase.IDLE:
             work.idle.pop(sid, None)
             self._generate(tracked, now, tracked.counted + int(self.growth))
@@ -272,8 +287,13 @@ class WorkingSet:
         else:
             tracked.context += int(self.growth)
         tracked.phase, tracked.since = Phase.IDLE, now
+        tracked.until = now + self._lease(sid)
         self._count(tracked, tracked.context)
         self.replicas[tracked.replica].idle[sid] = None
+
+    def _lease(self, sid: str) -> float:
+        quantile = self.config.keep_quantile
+        return self.config.keep_s if quantile is None else self.tool.lease(sid, quantile=quantile)
 
     def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
         tracked.phase, tracked.since = Phase.GENERATING, now
@@ -304,15 +324,9 @@ class WorkingSet:
         return None if budget is None else budget - work.counted
 
     def releasable(self, name: str, *, now: float) -> int:
-        """Tokens of idle sessions that could be let go now (idle at least ``keep_s``)."""
+        """Tokens of idle sessions that could be let go now (their lease ended)."""
         work = self.replicas[name]
-        total = 0
-        for sid in work.idle:
-            tracked = self.sessions[sid]
-            if now - tracked.since < self.config.keep_s:
-                break  # oldest first: the rest are younger
-            total += tracked.counted
-        return total
+        return sum(t.counted for t in (self.sessions[sid] for sid in work.idle) if t.until <= now)
 
     def room_for_new(self, name: str, *, now: float) -> int | None:
         """How many new sessions of the expected first context the replica can take now (None: unknown)."""
@@ -325,19 +339,20 @@ class WorkingSet:
         return max(0, int((free + self.releasable(name, now=now)) // max(1.0, self.first_context)))
 
     def make_room(self, name: str, tokens: int, *, now: float) -> bool:
-        """Let go of idle sessions, idle longest first, until ``tokens`` fit the target: those idle at least
-        ``keep_s``, and any while the working set is over ``limit``."""
+        """Let go of idle sessions, idle longest first, until ``tokens`` fit the target: those whose lease ended,
+        and any while the working set is over ``limit``."""
         work = self.replicas[name]
         budget = work.budget(self.config.target)
         if budget is None or work.capacity is None:
             return False
         free = budget - work.counted
         over = work.capacity * (self.config.limit - self.config.target)  # free below -over: past the limit
-        while free < tokens and work.idle:
-            sid = next(iter(work.idle))
+        for sid in list(work.idle):
+            if free >= tokens:
+                break
             tracked = self.sessions[sid]
-            if now - tracked.since < self.config.keep_s and free >= -over:
-                return False
+            if tracked.until > now and free >= -over:
+                continue
             del work.idle[sid]
             self._count(tracked, 0)
             free = budget - work.counted
