@@ -269,23 +269,27 @@ def ensure_image(context: Path | None = None, *, log: Log = print) -> BuiltImage
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         started = time.monotonic()
-        reference = image_tag(version=_version(context), key=key)
-        build_image(
-            buildah, context=context, dockerfile=context / "Dockerfile", base=base, reference=reference, log=log
-        )
-        _extract(buildah, reference, directory / "rootfs")
-        inspected = json.loads(buildah.run("inspect", "--type", "image", reference).stdout)
-        image = BuiltImage(
-            reference=reference,
-            key=key,
-            directory=directory,
-            image_id=str(inspected.get("FromImageID") or inspected.get("FromImage") or ""),
-            base=base,
-            config=dict((inspected.get("OCIv1") or {}).get("config") or {}),
-            size_bytes=_tree_size(directory / "rootfs"),
-            build_seconds=round(time.monotonic() - started, 1),
-        )
-        image.save()
+        try:
+            reference = image_tag(version=_version(context), key=key)
+            build_image(
+                buildah, context=context, dockerfile=context / "Dockerfile", base=base, reference=reference, log=log
+            )
+            _extract(buildah, reference, directory / "rootfs")
+            inspected = json.loads(buildah.run("inspect", "--type", "image", reference).stdout)
+            image = BuiltImage(
+                reference=reference,
+                key=key,
+                directory=directory,
+                image_id=str(inspected.get("FromImageID") or inspected.get("FromImage") or ""),
+                base=base,
+                config=dict((inspected.get("OCIv1") or {}).get("config") or {}),
+                size_bytes=_tree_size(directory / "rootfs"),
+                build_seconds=round(time.monotonic() - started, 1),
+            )
+            image.save()
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)  # a failed build leaves nothing to mistake for one
+            raise
         log(f"Built image {reference} ({image.size_bytes / 1e6:.0f} MB uncompressed) in {image.build_seconds:.0f}s")
         _prune(buildah, cache, keep=_KEEP, log=log)
         return image
