@@ -2,7 +2,11 @@
 # ghcr.io/rolloutpool/rolloutpool:<version> — one image for the operator, the session router and
 # the engine simulator (`rolloutpool operator|router|engine-sim ...`; pods set the command).
 #
-#   docker build -t ghcr.io/rolloutpool/rolloutpool:0.1.0 .
+#   docker build -t registry.example.com/ml/rolloutpool:0.1.0 .      (then push; the README's install)
+#   rolloutpool image build [--archive F]     (no Docker engine: buildah, as root; what CI builds)
+#
+# PYTHON_IMAGE names another base with Python 3.11, pip and venv: CI builds on one made from
+# Debian packages (rolloutpool.dev.image.base) and runs the result as the chart's pods do.
 #
 # It installs the [operator,router] extras only: engine-sim needs nothing beyond the router's
 # packages (aiohttp, prometheus_client), so the simulated engines of the chart and the demo run

@@ -119,6 +119,30 @@ def test_chart_crd_is_the_top_level_crd_byte_for_byte() -> None:
     )
 
 
+def test_notes_name_the_image_and_what_to_do_on_image_pull_backoff(helm: Path, tmp_path: Path) -> None:
+    def notes(values: dict[str, Any]) -> str:
+        result = run_helm(
+            helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
+            values=values, tmp=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split("NOTES:", 1)[1]
+
+    default = notes({})
+    assert f"every pod it creates pull {IMAGE}." in default
+    assert "ImagePullBackOff" in default
+    assert "The default image is not published yet" in default
+    assert "--reuse-values \\\n       --set image.repository=REGISTRY/rolloutpool" in default
+    assert "rolloutpool image build --archive rolloutpool.oci.tar" in default
+    own = notes(
+        {"image": {"repository": "registry.example/ml/rp", "tag": "0.2.0"}, "imagePullSecrets": [{"name": "a"}]}
+    )
+    assert "every pod it creates pull registry.example/ml/rp:0.2.0." in own
+    assert "Check that registry.example/ml/rp:0.2.0 was pushed" in own
+    assert "not published" not in own
+    assert "(now: a)" in own
+
+
 def test_chart_version_image_and_dockerfile_agree() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

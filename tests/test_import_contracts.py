@@ -74,6 +74,12 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("kubernetes-in-the-dev-cluster-outside-the-kubelet", {"dev/localcluster/cluster.py": "import kubernetes\n"}, KUBE),
     ("kubernetes-in-the-dev-stack", {"dev/stack.py": "import kubernetes\n"}, KUBE),
     ("kopf-in-a-cli-command", {"cli/router_fleet.py": "import kopf\n"}, KOPF),
+    ("image-recipe-imports-subprocess", {"dev/image/recipe.py": "import subprocess\n"}, PURE_LIB),
+    (
+        "kubelet-container-plan-imports-the-image-build",
+        {"dev/kubelet/container.py": "import rolloutpool.dev.image.build\n"},
+        PURE_OURS,
+    ),
 ]
 
 

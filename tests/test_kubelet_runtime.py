@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rolloutpool.dev.kubelet.runtime import ContainerRun, Launch, PodRun
+from rolloutpool.dev.kubelet.runtime import ContainerRun, Launch, PodRun, run_probe
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.wait import wait_until
 
@@ -163,3 +163,15 @@ def test_config_error_waits(tmp_path: Path, executor: ThreadPoolExecutor) -> Non
     run.tick(now=time.time(), executor=executor)
     view = run.views()[0]
     assert (view.state, view.reason, view.message) == ("waiting", "CreateContainerConfigError", "Secret 's' not found")
+
+
+def test_an_exec_probe_of_an_image_container_runs_inside_it(tmp_path: Path) -> None:
+    # ``join`` stands in for ``enter.py SPEC --join``: it sees the container's pid, then the probe's command
+    record = tmp_path / "joined"
+    join = (sys.executable, "-c", f"import sys; open({str(record)!r}, 'w').write(' '.join(sys.argv[1:]))")
+    launch = Launch(argv=["unused"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, log=tmp_path / "c.log", join=join)
+    probe = {"exec": {"command": ["false"]}}
+    assert run_probe(probe, pod_ip="127.0.0.1", ports={}, launch=launch, pid=4242)
+    assert record.read_text() == "4242 -- false"
+    plain = Launch(argv=["unused"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, log=tmp_path / "c.log")
+    assert not run_probe(probe, pod_ip="127.0.0.1", ports={}, launch=plain, pid=4242)

@@ -2,7 +2,7 @@
 
 Shipped in the operator image (``[operator,router]``): ``operator``, ``router``, ``engine-sim``,
 ``plan``, ``crd``, ``validate``. Tools: ``simulate``, ``simulate-caps``, ``simulate-compare``
-(``[sim]``) and ``bench``, ``localcluster``, ``demo`` (``[dev]``).
+(``[sim]``) and ``bench``, ``localcluster``, ``image``, ``demo`` (``[dev]``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ COMMANDS = {
     "simulate-compare": LazyCommand("rolloutpool.cli.sim_sweeps:compare_command", extra="sim"),
     "bench": LazyCommand("rolloutpool.cli.bench:bench_command", extra="dev"),
     "localcluster": LazyCommand("rolloutpool.cli.localcluster:localcluster", extra="dev"),
+    "image": LazyCommand("rolloutpool.cli.image:image", extra="dev"),
     "demo": LazyCommand("rolloutpool.cli.demo:demo", extra="dev"),
 }
 """Every command: its name, where it lives and the extra it needs."""

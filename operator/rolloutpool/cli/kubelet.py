@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -28,6 +29,7 @@ def run_kubelet(
     gpus: int,
     backoff_base: float,
     stop: threading.Event,
+    local_images: Mapping[str, Path] | None = None,
 ) -> None:
     """Run a :class:`ProcessKubelet` until ``stop`` is set; every pod process is stopped on the way out."""
     from rolloutpool.dev.kubelet.kubelet import ProcessKubelet  # noqa: PLC0415 - keep the CLI import light
@@ -40,8 +42,21 @@ def run_kubelet(
         pod_subnet=pod_subnet,
         gpus=gpus,
         backoff_base=backoff_base,
+        local_images=local_images,
     ):
         stop.wait()
+
+
+def _images(values: tuple[str, ...]) -> dict[str, Path]:
+    images = {}
+    for value in values:
+        reference, sep, directory = value.partition("=")
+        if not sep or not reference or not directory:
+            raise click.BadParameter(f"expected REF=DIR, got {value!r}", param_hint="--image")
+        if not (Path(directory) / "image.json").is_file():
+            raise click.BadParameter(f"{directory} holds no image build (image.json)", param_hint="--image")
+        images[reference] = Path(directory)
+    return images
 
 
 @click.command("kubelet")
@@ -62,6 +77,14 @@ def run_kubelet(
 @click.option("--pod-subnet", default="127.0.0.0/24", show_default=True, help="Loopback /24 of the pod addresses.")
 @click.option("--gpus", type=click.IntRange(min=0), default=8, show_default=True, help="nvidia.com/gpu capacity.")
 @click.option("--backoff-base", type=click.FloatRange(min=0.01), default=10.0, show_default=True)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    metavar="REF=DIR",
+    help="Run containers of image REF from the build in DIR (`rolloutpool image build`): a chroot into its "
+    "root filesystem as the pod's user. Repeatable. Without it, our image runs from this checkout.",
+)
 def kubelet_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     directory: Path,
     kubeconfig: Path | None,
@@ -70,8 +93,10 @@ def kubelet_command(  # noqa: PLR0917 - click passes every option as a positiona
     pod_subnet: str,
     gpus: int,
     backoff_base: float,
+    images: tuple[str, ...],
 ) -> None:
     """Run the process kubelet: a Node whose pods of our image run as local processes."""
+    local_images = _images(images)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
 
@@ -89,4 +114,5 @@ def kubelet_command(  # noqa: PLR0917 - click passes every option as a positiona
         gpus=gpus,
         backoff_base=backoff_base,
         stop=stop,
+        local_images=local_images,
     )

@@ -6,6 +6,11 @@ its own 127.0.0.x, with their ServiceAccount's token), Debian's Prometheus disco
 pods through ``kubernetes_sd_configs``, and ``helm install`` of ``charts/rolloutpool`` so the
 operator runs as a pod under the chart's RBAC. Everything started is stopped on exit, in
 reverse order, even when a step fails.
+
+By default the pods of our image run from this checkout (fast, no build). With ``image=`` (a
+build of :mod:`rolloutpool.dev.image`) the chart is installed as on a cluster with
+``--set image.repository=... --set image.tag=...`` naming that build, and the kubelet runs
+every pod of it from the image's root filesystem, as its non-root user on a read-only root.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from rolloutpool.api.pods import is_ready
+from rolloutpool.dev.image.build import BuiltImage
 from rolloutpool.dev.localcluster.cluster import LocalCluster
 from rolloutpool.dev.localcluster.prometheus import PrometheusServer, local_cluster_prometheus
 
@@ -54,6 +60,7 @@ class LocalStack:
         scrape_interval_seconds: float = 2.0,
         pod_subnet: str | None = None,
         helm_timeout: str = "180s",
+        image: BuiltImage | None = None,
     ) -> None:
         self.directory = directory
         self.log = log
@@ -61,10 +68,14 @@ class LocalStack:
         self.namespace = namespace
         self.scrape_interval_seconds = scrape_interval_seconds
         self.helm_timeout = helm_timeout
+        self.image = image
         # every pod of ours binds fixed ports on its own 127.x.y.z: a random /24 per stack lets two
         # stacks (a test run and the demo, say) share the machine
         subnet = pod_subnet or f"127.{secrets.randbelow(150) + 100}.{secrets.randbelow(256)}.0/24"
-        self.cluster = LocalCluster(directory / "cluster", log=log, kubelet=True, pod_subnet=subnet)
+        images = {image.reference: image.directory} if image is not None else {}
+        self.cluster = LocalCluster(
+            directory / "cluster", log=log, kubelet=True, pod_subnet=subnet, kubelet_images=images
+        )
         self.prometheus: PrometheusServer | None = None
         self._stack = contextlib.ExitStack()
 
@@ -127,7 +138,9 @@ class LocalStack:
 
     def install_chart(self) -> None:
         """``helm install`` the chart and wait until the operator pod is ready."""
-        self.log(f"Installing chart release={self.release} namespace={self.namespace}")
+        image = [] if self.image is None else ["--set", f"image.repository={self.image.repository}"]
+        image += [] if self.image is None else ["--set", f"image.tag={self.image.tag}"]
+        self.log(f"Installing chart release={self.release} namespace={self.namespace} {' '.join(image[1::2])}")
         self.helm(
             "install",
             self.release,
@@ -135,6 +148,7 @@ class LocalStack:
             "--namespace",
             self.namespace,
             "--create-namespace",
+            *image,
             "--wait",
             "--timeout",
             self.helm_timeout,

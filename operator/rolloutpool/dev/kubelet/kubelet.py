@@ -9,7 +9,9 @@ to ``status.podIP``), probes readiness/liveness/startup, restarts crashed contai
 with exponential back-off, terminates pods gracefully on deletion and then deletes
 them, and gives each pod a kubeconfig from a TokenRequest of its ServiceAccount so
 RBAC applies as in a cluster. Pods of any other image are set ``Failed`` with reason
-``UnsupportedImage``.
+``UnsupportedImage``. Images built here (``local_images``, a reference -> a build of
+:mod:`rolloutpool.dev.image`) run from their root filesystem instead of this checkout: a chroot
+as the pod's user, its volumes mounted, its ``securityContext`` applied (:mod:`.pods`).
 
 All API calls and process handling happen on one background thread (probes on a
 small pool). ``stop()`` (or leaving the ``with`` block) stops every process it
@@ -22,7 +24,8 @@ or as a child of the control plane: ``LocalCluster(path, kubelet=True)``,
 ``rolloutpool localcluster up --kubelet``, or ``rolloutpool localcluster kubelet --dir D``.
 Not done: init containers (ignored, with a warning), ``kubectl logs``/``exec`` (no
 kubelet server: read ``<dir>/pods/<ns>_<pod>_<uid8>/logs/<container>.log``), Events,
-securityContext, node affinity, token refresh (tokens last ``token_seconds``).
+securityContext of pods run from this checkout (those run from a local image apply it), node
+affinity, token refresh (tokens last ``token_seconds``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -43,6 +47,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from rolloutpool.dev.image.build import BuiltImage
 from rolloutpool.dev.kubelet.decide import DEFAULT_IMAGE_PATTERN, allocate_ip, image_matches
 from rolloutpool.dev.kubelet.node import NodeAgent, call, node_manifest
 from rolloutpool.dev.kubelet.pods import PodPreparer, api_target
@@ -81,7 +86,9 @@ class ProcessKubelet:
     ``images`` are regular expressions of the images run as processes; ``executables``
     maps a container's argv[0] to a program (default: ``rolloutpool`` -> this
     virtualenv's command); any other argv[0] fails the container with
-    ``CreateContainerConfigError``. Crashed containers restart after ``backoff_base``
+    ``CreateContainerConfigError``. ``local_images`` maps an image reference to the folder of a
+    build of it (``BuiltImage``): containers of that image run from its root filesystem.
+    Crashed containers restart after ``backoff_base``
     seconds, doubling up to ``backoff_cap``. Pods are listed every ``poll_interval``
     seconds; processes and probes are driven every ``tick_interval`` seconds; the
     Lease and Ready heartbeat are renewed every ``renew_interval`` seconds.
@@ -102,6 +109,7 @@ class ProcessKubelet:
         scheduler_name: str = "default-scheduler",
         images: Sequence[str] = (DEFAULT_IMAGE_PATTERN, VLLM_IMAGE_PATTERN),
         executables: Mapping[str, str] | None = None,
+        local_images: Mapping[str, Path] | None = None,
         host_ip: str = "127.0.0.1",
         pod_subnet: str = "127.0.0.0/24",
         backoff_base: float = 10.0,
@@ -121,7 +129,8 @@ class ProcessKubelet:
         self.pod_subnet = pod_subnet
         self._ip_prefix = pod_subnet.removesuffix("0/24")
         self.scheduler_name = scheduler_name
-        self.images = tuple(images)
+        self.local_images = {ref: BuiltImage.load(path) for ref, path in (local_images or {}).items()}
+        self.images = (*images, *(re.escape(ref) for ref in self.local_images))
         self.executables = dict(default_executables() if executables is None else executables)
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -162,6 +171,7 @@ class ProcessKubelet:
             executables=self.executables,
             token_seconds=self.token_seconds,
             base_path=os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
+            images=self.local_images,
         )
         self._core = client.CoreV1Api(self._api)
         self._agent = NodeAgent(self._api, manifest=self._manifest, scheduler=self.scheduler_name)

@@ -9,6 +9,15 @@ a volume mounted at ``/tmp`` also becomes ``TMPDIR``. Paths the program builds i
 from a mount path are not mapped. ``securityContext`` (user, read-only root) is not
 applied: processes run as the kubelet's user.
 
+A container whose image the kubelet holds as a root filesystem (``images``: a build of
+:mod:`rolloutpool.dev.image`) runs from it instead, as a container runtime would run it:
+``enter.py`` chroots into an overlay of the image as the pod's user, with the volumes
+mounted at their mount paths (no path mapping), the image's environment under the
+container's, ``securityContext`` applied (:mod:`rolloutpool.dev.kubelet.container`), and
+the in-cluster configuration (``KUBERNETES_SERVICE_HOST``/``PORT`` and the projected
+service-account token at its usual path) instead of ``KUBECONFIG``. emptyDir volumes
+are world-writable, as a kubelet makes them, so a non-root user can write them.
+
 Service accounts: unless ``automountServiceAccountToken`` is false, the kubelet asks the
 TokenRequest API for a token of the pod's ServiceAccount bound to the pod, writes
 ``<pod dir>/kubeconfig`` (server, CA, token) and points ``KUBECONFIG`` at it (programs
@@ -19,7 +28,10 @@ projected ``kube-api-access-*`` volume gets ``token``, ``ca.crt`` and ``namespac
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import sys
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +41,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rolloutpool.dev.image.build import ENTER_SCRIPT, BuiltImage
+from rolloutpool.dev.kubelet.container import ImageConfig, container_plan, parse_passwd
 from rolloutpool.dev.kubelet.decide import (
     EnvError,
     env_sources,
@@ -78,12 +92,18 @@ class PodPreparer:
         executables: Mapping[str, str],
         token_seconds: int,
         base_path: str,
+        images: Mapping[str, BuiltImage] | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.target = target
         self.executables = dict(executables)
         self.token_seconds = token_seconds
         self.base_path = base_path
+        self.images = dict(images or {})
+        self._passwd = {
+            ref: parse_passwd((image.rootfs / "etc" / "passwd").read_text(errors="replace"))
+            for ref, image in self.images.items()
+        }
 
     # -- public ---------------------------------------------------------------------------
 
@@ -109,7 +129,12 @@ class PodPreparer:
         runs = []
         for container in spec.get("containers") or []:
             try:
-                launch = self._launch(pod, container, directory=directory, base=base, volumes=volumes)
+                if container.get("image") in self.images:
+                    launch = self._image_launch(
+                        pod, container, directory=directory, volumes=volumes, in_cluster=token is not None
+                    )
+                else:
+                    launch = self._launch(pod, container, directory=directory, base=base, volumes=volumes)
             except (EnvError, ApiException, KeyError) as err:
                 reason = err.reason if isinstance(err, ApiException) else str(err)
                 runs.append(ContainerRun(spec=container, launch=None, config_error=str(reason)))
@@ -186,6 +211,8 @@ class PodPreparer:
                 continue
             where = directory / "volumes" / name
             where.mkdir(parents=True, exist_ok=True)
+            if "emptyDir" in volume or "persistentVolumeClaim" in volume:
+                where.chmod(0o777)  # as a kubelet makes an emptyDir: writable by the pod's (non-root) user
             paths[name] = str(where)
             files: dict[str, str] = {}
             try:
@@ -246,6 +273,58 @@ class PodPreparer:
                 files.update(self._downward(pod, source["downwardAPI"].get("items") or []))
         return files
 
+    def _env(self, pod: Mapping[str, Any], container: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
+        namespace = pod["metadata"]["namespace"]
+        maps, secrets = env_sources(container)
+        return resolve_env(
+            pod=pod,
+            container=container,
+            config_maps={n: d for n in maps if (d := self._optional(self._config_map, n, namespace)) is not None},
+            secrets={n: d for n in secrets if (d := self._optional(self._secret, n, namespace)) is not None},
+            base=base,
+        )
+
+    def _image_launch(
+        self,
+        pod: Mapping[str, Any],
+        container: Mapping[str, Any],
+        *,
+        directory: Path,
+        volumes: Mapping[str, str],
+        in_cluster: bool,
+    ) -> Launch:
+        """Run the container from its image's root filesystem (``enter.py`` with a plan of this container)."""
+        reference = str(container["image"])
+        image = self.images[reference]
+        config = ImageConfig.from_oci(image.config)
+        base = {**dict(config.env), "HOSTNAME": pod["metadata"]["name"]}
+        if in_cluster:  # what a kubelet sets for the `kubernetes` Service; the token is in its projected volume
+            server = urllib.parse.urlsplit(self.target.server)
+            base |= {"KUBERNETES_SERVICE_HOST": server.hostname or "", "KUBERNETES_SERVICE_PORT": str(server.port)}
+        place = directory / "containers" / container["name"]
+        plan = container_plan(
+            pod=pod,
+            container=container,
+            image=config,
+            passwd=self._passwd[reference],
+            env=self._env(pod, container, base),
+            volumes=volumes,
+            rootfs=str(image.rootfs),
+            container_dir=str(place),
+        )
+        place.mkdir(parents=True, exist_ok=True)
+        spec = place / "spec.json"
+        spec.touch(mode=0o600)  # the environment may hold a Secret's values
+        spec.write_text(json.dumps(plan, indent=1))
+        enter = (sys.executable, "-I", str(ENTER_SCRIPT), str(spec))
+        return Launch(
+            argv=list(enter),
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            cwd=directory,
+            log=directory / "logs" / f"{container['name']}.log",
+            join=(*enter, "--join"),
+        )
+
     def _launch(
         self,
         pod: Mapping[str, Any],
@@ -255,15 +334,7 @@ class PodPreparer:
         base: Mapping[str, str],
         volumes: Mapping[str, str],
     ) -> Launch:
-        namespace = pod["metadata"]["namespace"]
-        maps, secrets = env_sources(container)
-        env = resolve_env(
-            pod=pod,
-            container=container,
-            config_maps={n: d for n in maps if (d := self._optional(self._config_map, n, namespace)) is not None},
-            secrets={n: d for n in secrets if (d := self._optional(self._secret, n, namespace)) is not None},
-            base=base,
-        )
+        env = self._env(pod, container, base)
         mounts = {}
         for mount in container.get("volumeMounts") or []:
             if mount["name"] in volumes:

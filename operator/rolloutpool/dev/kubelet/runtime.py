@@ -41,16 +41,26 @@ _RESET_AFTER_SECONDS = 600.0  # a container that ran this long starts its back-o
 
 @dataclass(frozen=True)
 class Launch:
-    """How to start one container: argv (argv[0] resolved), environment, working directory, log file."""
+    """How to start one container: argv (argv[0] resolved), environment, working directory, log file.
+
+    ``join`` is set for a container run from an image's root filesystem: the command that runs
+    ``[*join, PID, "--", *argv]`` inside the running container PID (its exec probes).
+    """
 
     argv: list[str]
     env: dict[str, str]
     cwd: Path
     log: Path
+    join: tuple[str, ...] = ()
 
 
-def run_probe(probe: Mapping[str, Any], *, pod_ip: str, ports: Mapping[str, int], launch: Launch) -> bool:
-    """Run one probe (httpGet, tcpSocket or exec) once; True when it passes. gRPC probes always pass."""
+def run_probe(
+    probe: Mapping[str, Any], *, pod_ip: str, ports: Mapping[str, int], launch: Launch, pid: int | None = None
+) -> bool:
+    """Run one probe (httpGet, tcpSocket or exec) once; True when it passes. gRPC probes always pass.
+
+    An exec probe of a container run from an image runs inside it (``launch.join`` with its ``pid``).
+    """
     timeout = float(probe.get("timeoutSeconds", 1))
     try:
         if "httpGet" in probe:
@@ -76,8 +86,11 @@ def run_probe(probe: Mapping[str, Any], *, pod_ip: str, ports: Mapping[str, int]
             with socket.create_connection((probe["tcpSocket"].get("host") or pod_ip, port), timeout=timeout):
                 return True
         if "exec" in probe:
+            command = list(probe["exec"]["command"])
+            if launch.join and pid is not None:
+                command = [*launch.join, str(pid), "--", *command]
             done = subprocess.run(
-                probe["exec"]["command"],
+                command,
                 env=launch.env,
                 cwd=launch.cwd,
                 capture_output=True,
@@ -296,7 +309,7 @@ class PodRun:
             if probe_due(probe=probe, started_at=started_at, state=state, now=now):
                 run.probes[kind] = replace(state, last_run=now)
                 run.pending[kind] = executor.submit(
-                    run_probe, probe, pod_ip=self.ip, ports=run.ports, launch=run.launch
+                    run_probe, probe, pod_ip=self.ip, ports=run.ports, launch=run.launch, pid=run.proc.pid
                 )
 
 

@@ -22,7 +22,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -63,10 +63,12 @@ class LocalCluster:
         ready_timeout: float = 120.0,
         kubelet: bool = False,
         pod_subnet: str | None = None,
+        kubelet_images: Mapping[str, Path] | None = None,
     ) -> None:
         self.directory = directory
         self.with_kubelet = kubelet  # run `rolloutpool localcluster kubelet` (the process kubelet) as a child
         self.pod_subnet = pod_subnet  # the kubelet's loopback /24 for pod IPs (default 127.0.0.0/24)
+        self.kubelet_images = dict(kubelet_images or {})  # image reference -> build folder the kubelet runs it from
         self.detach = detach
         self.log = log
         self.ready_timeout = ready_timeout
@@ -251,7 +253,8 @@ class LocalCluster:
 
         command = default_executables().get("rolloutpool", "rolloutpool")
         subnet = [f"--pod-subnet={self.pod_subnet}"] if self.pod_subnet else []
-        self._spawn("kubelet", [command, "localcluster", "kubelet", f"--dir={self.directory}", *subnet])
+        images = [f"--image={ref}={path}" for ref, path in self.kubelet_images.items()]
+        self._spawn("kubelet", [command, "localcluster", "kubelet", f"--dir={self.directory}", *subnet, *images])
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             self._check_alive()
