@@ -53,7 +53,8 @@ class WorkingSetConfig:
     ``keep_quantile``, only until the router has seen tool times (the prior of the learned lease)."""
     keep_quantile: float | None = 0.9
     """The lease: an idle session's prefix is kept until this quantile of its predicted tool time
-    (:mod:`~rolloutpool.routing.tooltime`: learned from the gaps between its turns and the fleet's); None: ``keep_s``."""
+    (:mod:`~rolloutpool.routing.tooltime`: learned from the gaps between its turns and the fleet's);
+    None: ``keep_s``."""
     hold_limit_s: float = 300.0
     """A held turn is served after this long whatever the room (bounded wait)."""
     fair_after_s: float = 10.0
