@@ -46,26 +46,17 @@ def test_default_port_when_no_named_port() -> None:
     assert replica_event("ADDED", pod, default_port=8000).url == "http://10.0.0.1:8000"
 
 
-def test_operator_limits_from_status_and_combined_caps() -> None:
-    from rolloutpool.routing.discovery import OperatorLimit, combined_cap, operator_limits  # noqa: PLC0415
+def test_operator_limits_from_status() -> None:
+    from rolloutpool.routing.discovery import OperatorLimit, operator_limits  # noqa: PLC0415
 
     pool = {
-        "status": {"replicaStatus": [{"name": "a", "index": 0, "cap": 4, "quarantined": True, "reason": "Evicting"}]}
+        "status": {
+            "replicaStatus": [{"name": "a", "index": 0, "target": 0.8, "quarantined": True, "reason": "Evicting"}]
+        }
     }
-    assert operator_limits(pool) == {"a": OperatorLimit(4, True, "Evicting")}
+    assert operator_limits(pool) == {"a": OperatorLimit(0.8, True, "Evicting")}
     assert operator_limits({"status": {"replicaStatus": [{"name": "a"}]}}) == {}  # unparsable: no limits
     assert operator_limits({}) == {}
-    assert combined_cap(None, None) is None
-    assert combined_cap(5, None) == 5
-    assert combined_cap(None, 3) == 3
-    assert combined_cap(5, 3) == 3
-    # a derived cap (expectedResidency) is the router's guess: the operator's law may go above it,
-    # up to the ceiling (maxSessionsPerReplica)
-    assert combined_cap(20, 26, own_fixed=False) == 26
-    assert combined_cap(20, 14, own_fixed=False) == 14
-    assert combined_cap(20, 40, own_fixed=False, ceiling=32) == 32
-    assert combined_cap(0, 12, own_fixed=False) == 12  # capacity not reported yet: the operator's cap applies
-    assert combined_cap(20, None, own_fixed=False) == 20
 
 
 def test_ipv6_pod_ip_is_bracketed() -> None:

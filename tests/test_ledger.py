@@ -11,6 +11,7 @@ from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.table import Session
+from rolloutpool.routing.workingset import WorkingSetConfig
 
 
 def _ledger(names: tuple[str, ...] = ("a", "b"), *, cap: int | None = 1, queue_max: int | None = None) -> Ledger:
@@ -109,8 +110,8 @@ def test_admission_is_fifo_and_nobody_overtakes_the_queue() -> None:
         decision = ledger.arrive(Placement(f"q{i}"), now=float(i))
         assert isinstance(decision, Queued)
         tickets.append(decision.ticket)
-    ledger.set_operator_limit("a", OperatorLimit(cap=None, quarantined=False, reason=None), now=5.0)
-    assert ledger.table.replicas["a"].cap == 1  # a fixed cap is a hard limit: the operator cannot raise it
+    ledger.set_operator_limit("a", OperatorLimit(target=None, quarantined=False, reason=None), now=5.0)
+    assert ledger.table.replicas["a"].cap == 1  # a fixed cap is a hard limit: nothing the operator says raises it
     ledger.take_events()
     ledger.release("s0", how="finish", now=6.0)
     admitted = [e.ticket for e in ledger.take_events() if isinstance(e, Admitted)]
@@ -168,36 +169,33 @@ def test_fast_quarantine_from_a_shortfall_uses_the_replicas_block_size() -> None
 
 
 @pytest.mark.parametrize(
-    ("rule", "replica_cap", "capacity", "operator", "expected"),
+    ("rule", "replica_cap", "live", "room", "expected"),
     [
-        (CapRule(), None, None, None, None),
-        (CapRule(ceiling=9), None, None, None, 9),
-        (CapRule(ceiling=9), None, None, 4, 4),
-        (CapRule(fixed=5), None, 99_999, None, 5),
-        (CapRule(fixed=5), 2, None, None, 2),  # the replica's own cap wins over the router's
-        (CapRule(fixed=5), None, None, 3, 3),  # fixed and the operator's: the tighter
-        (CapRule(fixed=5), None, None, 8, 5),
-        (CapRule(max_model_len=256), None, None, None, 0),  # derived, capacity unknown: no new sessions
-        (CapRule(max_model_len=256), None, 2048, None, 14),
-        (CapRule(max_model_len=256), None, 2048, 30, 30),  # the operator's replaces a derived one
-        (CapRule(max_model_len=256, ceiling=20), None, 2048, 30, 20),
+        (CapRule(), None, 0, None, None),
+        (CapRule(ceiling=9), None, 0, None, 9),
+        (CapRule(fixed=5), None, 0, None, 5),
+        (CapRule(fixed=5), 2, 0, None, 2),  # the replica's own cap wins over the router's
+        (CapRule(fixed=5, ceiling=3), None, 0, None, 3),  # the tightest
+        (CapRule(), None, 4, 0, 4),  # the working set has no room: no new session
+        (CapRule(), None, 4, 3, 7),
+        (CapRule(ceiling=6), None, 4, 3, 6),  # the ceiling over the working set
     ],
 )
 def test_effective_cap(
-    rule: CapRule, replica_cap: int | None, capacity: int | None, operator: int | None, expected: int | None
+    rule: CapRule, replica_cap: int | None, live: int, room: int | None, expected: int | None
 ) -> None:
-    assert effective_cap(rule, replica_cap=replica_cap, capacity_tokens=capacity, operator_cap=operator) == expected
+    assert effective_cap(rule, replica_cap=replica_cap, live=live, room=room) == expected
 
 
-def test_cap_changes_admit_and_are_reported() -> None:
-    ledger = Ledger(LedgerConfig(caps=CapRule(max_model_len=256)), policy=SessionAware())
+def test_unknown_capacity_limits_nothing_and_a_reported_one_sets_the_cap() -> None:
+    ledger = Ledger(LedgerConfig(working_set=WorkingSetConfig()), policy=SessionAware())
     ledger.add_replica("a", now=0.0)
-    queued = ledger.arrive(Placement("s"), now=0.0)
-    assert isinstance(queued, Queued)  # cap 0 until the capacity is known
-    ledger.set_capacity("a", capacity_tokens=2048, block_size=16, now=1.0)
+    assert isinstance(ledger.arrive(Placement("s"), now=0.0), Bound)  # no working set to measure yet: served
+    assert ledger.table.replicas["a"].cap is None
+    ledger.set_capacity("a", capacity_tokens=20480, block_size=16, now=1.0)
     events = ledger.take_events()
-    assert CapChanged("a", 14, 2048) in events
-    assert [e.ticket for e in events if isinstance(e, Admitted)] == [queued.ticket]
+    # 18,432 tokens of target: s's expected 2,048 and room for 8 more sessions of 2,048
+    assert [e for e in events if isinstance(e, CapChanged)] == [CapChanged("a", 9, 20480)]
 
 
 def test_fifo_holds_when_the_policy_sizes_by_request() -> None:

@@ -6,7 +6,8 @@ quarantined by the operator or by pressure, operator and capacity cap changes, q
 idle expiry. After every step: live counts equal the sessions held, a session is on exactly one
 replica, nothing is negative, no placement lands on a replica at or over its effective cap,
 admission is FIFO, every replica's cap is what :func:`effective_cap` gives for its limits, and
-the table's index of eligible replicas names the replica a full scan would.
+the table's index of eligible replicas names the replica a full scan would. With turn scheduling
+on, every held turn is of a live session and is resumed or withdrawn exactly once.
 """
 
 from __future__ import annotations
@@ -17,25 +18,31 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rolloutpool.routing.caps import CapRule, effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
-from rolloutpool.routing.events import Admitted, Bound, Placed, Queued, Rejected, Released, Withdrawn
+from rolloutpool.routing.events import Admitted, Bound, Held, Placed, Queued, Rejected, Released, Resumed, Withdrawn
 from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.table import Session
+from rolloutpool.routing.workingset import WorkingSetConfig
 
 _NAMES = ("r0", "r1", "r2", "r3")
 _IDS = st.sampled_from([f"s{i}" for i in range(12)])
-_CAPS = st.one_of(st.none(), st.integers(min_value=0, max_value=4))
+_TARGETS = st.one_of(st.none(), st.floats(min_value=0.5, max_value=1.0))
 
 
 class LedgerMachine(RuleBasedStateMachine):
     """Random operations on one ledger, checked against a small model of what it must do."""
 
+    working_set: WorkingSetConfig | None = None
+
     def __init__(self) -> None:
         super().__init__()
-        self.rule_ = CapRule(max_model_len=1024, ceiling=3)
+        self.rule_ = CapRule(ceiling=3)
         config = LedgerConfig(
-            caps=self.rule_, quarantine=QuarantineConfig(min_evicted_tokens=16, evicted_fraction=0.1), queue_max=6
+            caps=self.rule_,
+            quarantine=QuarantineConfig(min_evicted_tokens=16, evicted_fraction=0.1),
+            queue_max=6,
+            working_set=self.working_set,
         )
         self.ledger = Ledger(config, policy=SessionAware(balance_slack=1))
         self.now = 0.0
@@ -43,6 +50,8 @@ class LedgerMachine(RuleBasedStateMachine):
         """Turns in flight (the binding each was started on)."""
         self.queued: list[int] = []
         """The model's admission queue: tickets, oldest first."""
+        self.held: dict[int, str] = {}
+        """Held turns: ticket -> session id."""
         self.preemptions = dict.fromkeys(_NAMES, 0.0)
         self.oneshots = 0
         for name in _NAMES[:2]:
@@ -62,8 +71,14 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert event.ticket == self.queued[0], f"FIFO: admitted {event.ticket}, head {self.queued[0]}"
                 self.queued.pop(0)
             elif isinstance(event, Withdrawn):
-                assert event.ticket in self.queued
-                self.queued.remove(event.ticket)
+                if event.ticket in self.held:
+                    assert self.held.pop(event.ticket) == event.session_id
+                else:
+                    assert event.ticket in self.queued
+                    self.queued.remove(event.ticket)
+            elif isinstance(event, Resumed):
+                assert self.held.pop(event.ticket) == event.session.session_id, "resumed a turn not held"
+                assert self.ledger.is_current(event.session)
             elif isinstance(event, Placed):
                 replica = self.ledger.table.replicas[event.session.replica]
                 assert replica.accepts_new() or replica.cap is None or replica.live <= replica.cap
@@ -85,6 +100,11 @@ class LedgerMachine(RuleBasedStateMachine):
         if isinstance(decision, Queued):
             assert decision.ticket not in self.queued
             self.queued.append(decision.ticket)
+        if isinstance(decision, Held):
+            assert self.working_set is not None, "a turn held without turn scheduling"
+            assert self.ledger.lookup(sid) is not None, "a held turn of no live session"
+            assert decision.ticket not in self.held
+            self.held[decision.ticket] = sid
         if isinstance(decision, Rejected):
             assert decision.reason == "queue_full"
             assert len(self.ledger.queue) == 6
@@ -133,9 +153,19 @@ class LedgerMachine(RuleBasedStateMachine):
         self._check_events(before)
 
     @rule()
-    def kv_refreshed(self) -> None:
+    def ticked(self) -> None:
         before = self._live()
-        self.ledger.refresh_kv(now=self._tick())
+        self.ledger.tick(now=self._tick())
+        self._check_events(before)
+
+    @precondition(lambda self: bool(self.held))
+    @rule(data=st.data())
+    def held_turn_gives_up(self, data: st.DataObject) -> None:
+        ticket = data.draw(st.sampled_from(sorted(self.held)))
+        sid = self.held.pop(ticket)
+        before = self._live()
+        assert self.ledger.cancel_held(sid, now=self._tick())
+        assert self.ledger.lookup(sid) is not None  # the session stays; only its turn left
         self._check_events(before)
 
     @rule()
@@ -172,16 +202,16 @@ class LedgerMachine(RuleBasedStateMachine):
             self.ledger.set_draining(name, draining, now=self._tick())
             self._check_events(before)
 
-    @rule(name=st.sampled_from(_NAMES), cap=_CAPS, quarantined=st.booleans())
-    def operator_limit(self, name: str, cap: int | None, quarantined: bool) -> None:
+    @rule(name=st.sampled_from(_NAMES), share=_TARGETS, quarantined=st.booleans())
+    def operator_limit(self, name: str, share: float | None, quarantined: bool) -> None:
         before = self._live()
-        self.ledger.set_operator_limit(name, OperatorLimit(cap, quarantined, None), now=self._tick())
+        self.ledger.set_operator_limit(name, OperatorLimit(share, quarantined, None), now=self._tick())
         self._check_events(before)
 
-    @rule(caps=st.dictionaries(st.sampled_from(_NAMES), st.tuples(_CAPS, st.booleans()), max_size=4))
-    def operator_status(self, caps: dict[str, tuple[int | None, bool]]) -> None:
+    @rule(shares=st.dictionaries(st.sampled_from(_NAMES), st.tuples(_TARGETS, st.booleans()), max_size=4))
+    def operator_status(self, shares: dict[str, tuple[float | None, bool]]) -> None:
         before = self._live()
-        status = {name: OperatorLimit(cap, quarantined, None) for name, (cap, quarantined) in caps.items()}
+        status = {name: OperatorLimit(t, quarantined, None) for name, (t, quarantined) in shares.items()}
         self.ledger.set_operator_limits(status, now=self._tick())
         self._check_events(before)
         for name, limits in self.ledger.limits.items():  # a replica the status leaves out has no operator limit
@@ -244,15 +274,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def caps_come_from_the_one_function(self) -> None:
         for name, replica in self.ledger.table.replicas.items():
             limits = self.ledger.limits[name]
-            operator = None if limits.operator is None else limits.operator.cap
-            kv = self.ledger.kv
+            work = self.ledger.work
             room = None
-            if kv is not None and limits.capacity_tokens is not None:
-                room = kv.room(name, capacity_tokens=limits.capacity_tokens)
-            expected = effective_cap(
-                self.rule_, replica_cap=limits.fixed_cap, capacity_tokens=limits.capacity_tokens, operator_cap=operator,
-                live=replica.live, kv_room=room,
-            )  # fmt: skip
+            if work is not None and name in work.replicas:
+                room = work.room_for_new(name, now=self.ledger.now)  # as of the ledger's last event
+            expected = effective_cap(self.rule_, replica_cap=limits.fixed_cap, live=replica.live, room=room)
             assert replica.cap == expected
 
     @invariant()
@@ -267,6 +293,20 @@ class LedgerMachine(RuleBasedStateMachine):
         if self.ledger.queue:  # a head that could be placed would have been admitted
             assert not any(r.accepts_new() for r in self.ledger.table.replicas.values())
 
+    @invariant()
+    def held_turns_match_the_model(self) -> None:
+        assert set(self.ledger.held) == set(self.held.values())
+        for sid in self.held.values():
+            assert self.ledger.lookup(sid) is not None
+
+
+class TurnLedgerMachine(LedgerMachine):
+    """The same, with the working set scheduling turns (holds, resumes, let-go prefixes)."""
+
+    working_set = WorkingSetConfig()
+
 
 TestLedgerProperties = LedgerMachine.TestCase
 TestLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+TestTurnLedgerProperties = TurnLedgerMachine.TestCase
+TestTurnLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)

@@ -169,7 +169,7 @@ def test_the_working_set_is_always_the_sum_of_what_its_sessions_count(ops: list[
 
 
 def _ledger() -> Ledger:
-    config = LedgerConfig(caps=CapRule(max_model_len=4096, kv_admission=True), quarantine=None, working_set=CONFIG)
+    config = LedgerConfig(caps=CapRule(), quarantine=None, working_set=CONFIG)
     ledger = Ledger(config, policy=SessionAware())
     ledger.add_replica("r", now=0.0, capacity_tokens=10_000)
     return ledger

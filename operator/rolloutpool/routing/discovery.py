@@ -14,9 +14,8 @@ from pydantic import ValidationError
 
 from rolloutpool.api.pods import has_ready_condition
 from rolloutpool.api.status import RolloutPoolStatus
-from rolloutpool.routing.caps import CapRule, effective_cap
 
-__all__ = ["OperatorLimit", "ReplicaEvent", "combined_cap", "operator_limits", "replica_event"]
+__all__ = ["OperatorLimit", "ReplicaEvent", "operator_limits", "replica_event"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,10 @@ def replica_event(
 class OperatorLimit:
     """What the operator decided for one replica (from the RolloutPool status)."""
 
-    cap: int | None
+    target: float | None
+    """The working-set target its control law set (None: the router's own)."""
     quarantined: bool
+    """No new sessions (a drain, or the law under severe pressure)."""
     reason: str | None
 
 
@@ -79,19 +80,4 @@ def operator_limits(pool: dict[str, Any]) -> dict[str, OperatorLimit]:
         status = RolloutPoolStatus.model_validate((pool or {}).get("status") or {})
     except ValidationError:
         return {}
-    return {r.name: OperatorLimit(r.cap, r.quarantined, r.reason) for r in status.replica_status}
-
-
-def combined_cap(
-    own: int | None, operator: int | None, *, own_fixed: bool = True, ceiling: int | None = None
-) -> int | None:
-    """The cap a replica gets from the router's own and the operator's; None means no limit (pure).
-
-    A thin wrapper of :func:`~rolloutpool.routing.caps.effective_cap` (the one cap function) for a
-    cap already resolved: a fixed one (``own_fixed``) is a hard limit, the tighter wins; a derived
-    one is replaced by the operator's, limited by ``ceiling``.
-    """
-    if operator is None:
-        return own
-    rule = CapRule(fixed=own) if own_fixed else CapRule(max_model_len=1, ceiling=ceiling)
-    return effective_cap(rule, operator_cap=operator)
+    return {r.name: OperatorLimit(r.target, r.quarantined, r.reason) for r in status.replica_status}

@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from rolloutpool.routing.admission_kv import KvAdmissionConfig, KvProjection
 from rolloutpool.routing.caps import effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import (
@@ -49,7 +48,6 @@ from rolloutpool.routing.events import (
     Waiting,
     Withdrawn,
 )
-from rolloutpool.routing.eviction_budget import EvictionBudget
 from rolloutpool.routing.limits import LedgerConfig, ReplicaLimits
 from rolloutpool.routing.policies import Placement, Policy
 from rolloutpool.routing.quarantine import PressureState, expected_cached_tokens
@@ -86,24 +84,8 @@ class Ledger:
         """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py)."""
         self.held: dict[str, int] = {}
         """Session id -> the ticket of its held turn."""
-        caps = config.caps
-        self.kv = (
-            None
-            if self.work is not None
-            else (
-                KvProjection(
-                    KvAdmissionConfig(
-                        caps.max_model_len, caps.expected_residency, caps.headroom, growth_share=caps.growth_share
-                    )
-                )
-                if caps.kv_admission and caps.max_model_len
-                else None
-            )
-        )
-        """Projected KV tokens of live sessions, for derived caps (:mod:`~rolloutpool.routing.admission_kv`)."""
-        budget = config.eviction_budget
-        self.budget = None if budget is None or self.kv is None else EvictionBudget(budget)
-        """How far past the projection caps admit while measured eviction is cheap (routing/eviction_budget.py)."""
+        self.let_go_reprefill: dict[str, int] = {}
+        """Per replica: tokens re-prefilled by sessions whose prefix the working set let go (by decision)."""
         self._holding = False
         """Admissions wait (one operator status applies as a whole)."""
 
@@ -147,11 +129,7 @@ class Ledger:
             self.work.remove_replica(name)
         self.table.remove_replica(name)
         del self.limits[name]
-        if self.kv is not None:
-            self.kv.replica_removed(name)
         self.weights.forget_replica(name)
-        if self.budget is not None:
-            self.budget.forget(name)
         for session in lost:
             self.weights.forget(session.session_id)
         self.events.extend(Released(s, "replica_lost") for s in lost)
@@ -168,51 +146,29 @@ class Ledger:
         """Whether ``session`` is still the binding of its id (not released or re-placed since)."""
         return self.table.sessions.get(session.session_id) is session
 
+    @property
+    def now(self) -> float:
+        """The time of the latest event the ledger was told of (caps are computed as of then)."""
+        return self._now
+
     def cap_of(self, name: str) -> int | None:
         """The effective cap of a replica, from its limits (:func:`~rolloutpool.routing.caps.effective_cap`)."""
         limits = self.limits[name]
         replica = self.table.replicas.get(name)
         room = None
-        cheap = False
         if self.work is not None and name in self.work.replicas:
-            room = self.work.room_for_new(name, now=self._now)
-        elif self.kv is not None and limits.capacity_tokens is not None:
-            budget = self._budget_of(name)
-            scale = 1.0 if budget is None else budget.scale
-            room = self.kv.room(name, capacity_tokens=limits.capacity_tokens, scale=scale)
-            cheap = budget is not None and budget.config.reads_cheaply(limits.capacity_tokens)
+            room = self.work.room_for_new(name, now=self._now)  # None: no KV capacity reported, no limit from it
         return effective_cap(
             self.config.caps,
             replica_cap=limits.fixed_cap,
-            capacity_tokens=limits.capacity_tokens,
-            operator_cap=None if limits.operator is None else limits.operator.cap,
             live=0 if replica is None else replica.live,
-            kv_room=room,
-            reads_cheaply=cheap,
+            room=room,
         )
 
-    def _budget_of(self, name: str) -> EvictionBudget | None:
-        """The eviction budget while it sets the replica's cap (no fixed cap or operator cap applies), else None."""
-        limits = self.limits[name]
-        if limits.fixed_cap is not None or self.config.caps.fixed is not None:
-            return None
-        return self.budget if limits.operator is None or limits.operator.cap is None else None
-
-    def measured_floor(self, name: str) -> int | None:
-        """Sessions a replica holds if each reaches the measured 90th-percentile final context; None: not projected.
-
-        :meth:`~rolloutpool.routing.admission_kv.KvProjection.measured_floor` over the replica's KV capacity: the
-        router exports it (``rolloutpool_router_measured_session_floor``), the control law's slow start jumps to it.
-        """
-        limits = self.limits.get(name)
-        if self.kv is None or limits is None or limits.capacity_tokens is None:
-            return None
-        return self.kv.measured_floor(capacity_tokens=limits.capacity_tokens)
-
     def _kv_cap(self, name: str) -> bool:
-        """Recompute a replica's cap after its projected KV tokens changed (no event: it moves every turn)."""
+        """Recompute a replica's cap after its working set changed (no event: it moves every turn)."""
         replica = self.table.replicas.get(name)
-        if (self.kv is None and self.work is None) or replica is None:
+        if self.work is None or replica is None:
             return False
         cap = self.cap_of(name)
         if cap == replica.cap:
@@ -281,7 +237,12 @@ class Ledger:
             prompt_tokens=placement.prompt_tokens,
         )
         session.one_turn = one_turn
-        if self.work is not None:
+        if self.work is not None and not placement.turns:
+            self.work.released(placement.session_id)  # direct placement: not in the working set
+            if moved_from is not None and moved_from.replica != name:
+                self._kv_cap(moved_from.replica)
+            self._kv_cap(name)
+        elif self.work is not None:
             if moved_from is not None:
                 self._unhold(placement.session_id)
             first = None if not placement.prompt_tokens else placement.prompt_tokens + int(self.work.growth) // 2
@@ -294,11 +255,6 @@ class Ledger:
                 group=placement.group,
                 shared=placement.prompt_tokens if placement.group is not None else 0,
             )
-            if moved_from is not None and moved_from.replica != name:
-                self._kv_cap(moved_from.replica)
-            self._kv_cap(name)
-        if self.kv is not None:
-            self.kv.bound(placement.session_id, name, prompt_tokens=placement.prompt_tokens)
             if moved_from is not None and moved_from.replica != name:
                 self._kv_cap(moved_from.replica)
             self._kv_cap(name)
@@ -394,10 +350,6 @@ class Ledger:
             self.work.released(session.session_id)
             self._kv_cap(session.replica)
             self._resume(session.replica, now=now)
-        if self.kv is not None:
-            finished = how not in _NOT_FINISHED and how != "expired" and not session.one_turn
-            self.kv.released(session.session_id, finished=finished)
-            self._kv_cap(session.replica)
         self.weights.forget(session.session_id)
         self.events.append(Released(session, how))
         limits = self.limits.get(session.replica)
@@ -423,9 +375,6 @@ class Ledger:
         if self.work is not None:
             self.work.restored(session_id, replica, context=context, now=last_seen)
             self._kv_cap(replica)
-        if self.kv is not None:
-            self.kv.bound(session_id, replica, context=context)
-            self._kv_cap(replica)
 
     # -- requests of a session ------------------------------------------------------------------
 
@@ -450,11 +399,17 @@ class Ledger:
         if session.inflight == 0 and (session.release_how is not None or session.one_turn):
             self._drop(session, session.release_how or "request", now=now)
         elif session.inflight == 0 and self.work is not None:
+            self._now = now
+            first = self.work.first_context
             self.work.turn_finished(
                 session.session_id, context=session.context_tokens or None, now=now, prompt=session.prompt_tokens
             )
-            self._kv_cap(session.replica)
+            # a new session's expected context is learned fleet-wide: every replica's room for new ones moves
+            touched = list(self.table.replicas) if self.work.first_context != first else [session.replica]
+            raised = [name for name in touched if self._kv_cap(name)]
             self._resume(session.replica, now=now)
+            if raised:
+                self.admit(now=now)
 
     def finish_turn(self, session: Session, *, now: float, usage: Usage | None) -> tuple[int, int]:
         """A turn's usage: spot re-prefill (as :meth:`observe_cached`), then remember the new context.
@@ -470,17 +425,14 @@ class Ledger:
         if not session.prompt_tokens and not session.context_tokens:  # its first turn: what a group shares
             session.prompt_tokens = usage.prompt_tokens
         session.context_tokens = usage.prompt_tokens + usage.completion_tokens
-        if self.kv is not None and not session.one_turn:
-            self.kv.turn_finished(session.session_id, session.replica, context=session.context_tokens)
-            if self._kv_cap(session.replica):
-                self.admit(now=now)
         return checked
 
     def observe_cached(self, session: Session, *, now: float, usage: Usage) -> tuple[int, int]:
         """Compare ``cached_tokens`` with the session's previous context: (expected cached, shortfall).
 
-        A shortfall is re-prefill of a live session's evicted prefix, fed to the fast quarantine.
-        Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
+        A shortfall is re-prefill of a live session's evicted prefix, fed to the fast quarantine. A session whose
+        prefix the working set let go re-prefills by decision: that is counted in :attr:`let_go_reprefill`, not in
+        the shortfall. Used for turns (:meth:`finish_turn`) and prefix renewals (the context is unchanged).
         """
         excuse = self.weights.excuse(session.session_id, session.replica)  # every answered turn leaves its mark
         limits = self.limits.get(session.replica)
@@ -499,22 +451,14 @@ class Ledger:
             block_size=limits.block_size,
             prefix_caching=limits.prefix_caching,
         )
-        budget = self._budget_of(session.replica)
-        if budget is not None:
-            budget.observe(session.replica, now=now, tokens=counted)
+        if self.work is not None and self.work.lapsed(session.session_id):
+            self.let_go_reprefill[session.replica] = self.let_go_reprefill.get(session.replica, 0) + counted
+            return expected, 0
         pressure = limits.pressure
         if pressure is None:
             return expected, counted
         before = pressure.quarantines
-        shortfall = pressure.observe_response(
-            now=now,
-            expected_cached=expected,
-            cached=expected - counted,
-            # under a budget, eviction within it is no pressure: it pays for itself (routing/eviction_budget.py)
-            window_tokens=None
-            if budget is None
-            else int(budget.config.reprefill_tokens_per_s * pressure.config.window_seconds),
-        )
+        shortfall = pressure.observe_response(now=now, expected_cached=expected, cached=expected - counted)
         self._sync_quarantine(session.replica, now=now, entered=pressure.quarantines > before)
         return expected, shortfall
 
@@ -561,6 +505,8 @@ class Ledger:
         if limits is None or limits.operator == limit:
             return False
         limits.operator = limit
+        if self.work is not None:
+            self.work.set_target(name, None if limit is None else limit.target)
         self._apply_cap(name, now=now)
         self._sync_quarantine(name, now=now)
         return True
@@ -587,17 +533,9 @@ class Ledger:
         preemptions_total: float,
         waiting: float,
         kv_usage: float | None = None,
-        itl: tuple[float, float] | None = None,
     ) -> None:
-        """A scrape's pressure signals, fed to the replica's fast quarantine; KV usage and the inter-token latency
-        histogram's ``(sum, count)`` (``itl``) also to the eviction budget."""
+        """A scrape's pressure signals, fed to the replica's fast quarantine."""
         grace = self.weights.in_grace(name, now=now)  # the burst of re-prefills after a weight update
-        # a drained, flushed and reloaded engine reads empty and idle: no sign of idle prefixes or of room to compute
-        if self.budget is not None and not grace:
-            if kv_usage is not None:
-                self.budget.observe_usage(name, now=now, usage=kv_usage)
-            if itl is not None:
-                self.budget.observe_itl(name, now=now, seconds_total=itl[0], count_total=itl[1])
         pressure = self.limits[name].pressure
         if pressure is None:
             return
@@ -607,27 +545,6 @@ class Ledger:
         else:
             pressure.observe_scrape(now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage)
         self._sync_quarantine(name, now=now, entered=pressure.quarantines > before)
-
-    def refresh_kv(self, *, now: float) -> None:
-        """Take up the fleet-wide KV estimates (first contexts, final contexts) in every replica's cap.
-
-        Called once per scrape round by the router and the simulator: between two refreshes a cap
-        moves only with its own replica's sessions, so it stays what :meth:`cap_of` says. The round
-        also steps the eviction budget's factor (:mod:`~rolloutpool.routing.eviction_budget`).
-        """
-        if self.kv is None:
-            return
-        refreshed = self.kv.refresh()
-        stepped = self.budget is not None and self.budget.step(
-            [name for name in self.table.replicas if self._budget_of(name) is not None],
-            now=now,
-            waiting=bool(self.queue),
-        )
-        if not refreshed and not stepped:
-            return
-        raised = [name for name in list(self.table.replicas) if self._kv_cap(name)]
-        if raised:
-            self.admit(now=now)
 
     def _resume(self, name: str, *, now: float) -> None:
         """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left."""
@@ -647,7 +564,6 @@ class Ledger:
         """Time passed (once per scrape round): held turns that now fit or waited their limit go, caps follow."""
         self._now = now
         if self.work is None:
-            self.refresh_kv(now=now)
             return
         for name in list(self.table.replicas):
             self._resume(name, now=now)

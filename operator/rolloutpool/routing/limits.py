@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
-from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import PressureState, QuarantineConfig
 from rolloutpool.routing.workingset import WorkingSetConfig
 
@@ -20,12 +19,10 @@ class LedgerConfig:
     caps: CapRule = field(default_factory=CapRule)
     quarantine: QuarantineConfig | None = field(default_factory=QuarantineConfig)
     """The fast quarantine's thresholds; None: no fast quarantine (the peers' policies in the simulator)."""
-    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
-    """How far past the KV projection a replica admits while its measured eviction is cheap
-    (:mod:`~rolloutpool.routing.eviction_budget`); None: the projection alone. Only with KV admission."""
     working_set: WorkingSetConfig | None = None
     """Turn-level scheduling (:mod:`~rolloutpool.routing.workingset`): turns held, prefixes kept or let go, new
-    sessions admitted by each replica's working set; replaces the KV projection and its eviction budget."""
+    sessions admitted by each replica's working set (the router's). None: no scheduling, only the caps (the peers'
+    policies in the simulator, fixed caps in hindsight)."""
     queue_max: int | None = None
     """New sessions that may wait; None: unbounded."""
     default_block_size: int = 16

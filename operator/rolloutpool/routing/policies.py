@@ -45,6 +45,9 @@ class Placement:
     """Prompt tokens of the first turn."""
     resident_tokens: int | None = None
     """A returning session's context still cached on its replica (KV events; the simulator's engine); None: unknown."""
+    turns: bool = True
+    """The router sees this session's turns; False for direct placement (``POST /v1/sessions``: the client talks to
+    the engine itself), which the working set cannot account for and leaves out."""
 
 
 class Policy(Protocol):

@@ -86,18 +86,13 @@ class PressureState:
         self.reason = reason
         self.last_pressure = now
 
-    def observe_response(
-        self, *, now: float, expected_cached: int, cached: int, window_tokens: int | None = None
-    ) -> int:
-        """A returning session's response; returns the re-prefilled (evicted) tokens.
-
-        ``window_tokens`` raises ``min_window_tokens`` (an eviction budget's rate over the window).
-        """
+    def observe_response(self, *, now: float, expected_cached: int, cached: int) -> int:
+        """A returning session's response; returns the re-prefilled (evicted) tokens."""
         shortfall = max(0, expected_cached - cached)
         cfg = self.config
         if shortfall < cfg.min_evicted_tokens or shortfall < cfg.evicted_fraction * expected_cached:
             return shortfall
-        if self.evicted.add(shortfall, now=now) >= max(cfg.min_window_tokens, window_tokens or 0):
+        if self.evicted.add(shortfall, now=now) >= cfg.min_window_tokens:
             self._pressure(now, PressureReason.EVICTING)
         return shortfall
 

@@ -109,6 +109,8 @@ class Tracked:
     """Its tokens in the replica's working set (0 when let go or held)."""
     let_go: int = 0
     """How often its prefix was let go (for metrics)."""
+    lapsed: bool = False
+    """Its turn now (or last) was served after its prefix had been let go: its re-prefill is by decision."""
     group: str | None = None
     """Its group (a GRPO group shares its prompt's cached blocks)."""
     shared: int = 0
@@ -121,6 +123,8 @@ class ReplicaWork:
 
     name: str
     capacity: int | None
+    target: float | None = None
+    """This replica's target when the operator set one (its control law), else the configured one."""
     counted: int = 0
     """Tokens in the working set."""
     idle: dict[str, None] = field(default_factory=dict)
@@ -146,8 +150,9 @@ class ReplicaWork:
         return len(self.idle)
 
     def budget(self, target: float) -> int | None:
-        """Tokens the working set may hold; None while the capacity is unknown (nothing is admitted then)."""
-        return None if self.capacity is None else int(self.capacity * target)
+        """Tokens the working set may hold (this replica's own target over ``target``); None while the capacity is
+        unknown (then the working set limits nothing)."""
+        return None if self.capacity is None else int(self.capacity * (self.target or target))
 
 
 class WorkingSet:
@@ -173,6 +178,17 @@ class WorkingSet:
         work = self.replicas.get(name)
         if work is not None and capacity is not None:
             work.capacity = capacity
+
+    def set_target(self, name: str, target: float | None) -> None:
+        """The operator's target for a replica (None: back to the configured one); kept under ``limit``."""
+        work = self.replicas.get(name)
+        if work is not None:
+            work.target = None if target is None else min(target, self.config.limit)
+
+    def target_of(self, name: str) -> float | None:
+        """The working-set target in force on a replica (the operator's, else the configured one); None: unknown."""
+        work = self.replicas.get(name)
+        return None if work is None else (work.target or self.config.target)
 
     def remove_replica(self, name: str) -> None:
         """Forget a replica; its sessions are forgotten by the ledger's releases."""
@@ -228,6 +244,11 @@ class WorkingSet:
         tracked = self.sessions.get(sid)
         return None if tracked is None else tracked.phase
 
+    def lapsed(self, sid: str) -> bool:
+        """Whether the session's current (or last) turn was served after its prefix had been let go."""
+        tracked = self.sessions.get(sid)
+        return tracked is not None and tracked.lapsed
+
     def need(self, sid: str) -> int:
         """Tokens the session's next turn adds to its replica's working set when it is not counted."""
         tracked = self.sessions[sid]
@@ -250,6 +271,7 @@ class WorkingSet:
             return tracked.phase is Phase.GENERATING  # a second request of a turn in flight, or still held
         if tracked.context:  # a gap between two turns: its tool time
             self.tool.observe(sid, now - tracked.since)
+        tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:
             work.idle.pop(sid, None)
             self._generate(tracked, now, tracked.counted + int(self.growth))
@@ -257,7 +279,8 @@ class WorkingSet:
             return True
         need = self.need(sid)
         cached = resident is not None and resident >= tracked.context - self.config.block_tolerance
-        if cached or (not work.held and self.make_room(work.name, need, now=now)):
+        unknown = work.capacity is None  # an engine that reports no KV capacity: nothing to schedule by
+        if cached or unknown or (not work.held and self.make_room(work.name, need, now=now)):
             work.out.discard(sid)
             self._generate(tracked, now, need)
             if cached:
@@ -347,7 +370,7 @@ class WorkingSet:
         if budget is None or work.capacity is None:
             return False
         free = budget - work.counted
-        over = work.capacity * (self.config.limit - self.config.target)  # free below -over: past the limit
+        over = work.capacity * self.config.limit - budget  # free below -over: past the limit
         for sid in list(work.idle):
             if free >= tokens:
                 break
