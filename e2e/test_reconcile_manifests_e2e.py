@@ -59,7 +59,7 @@ def test_every_child_and_the_status_pass_the_api_server(
 
         pods = desired_engine_pods(pool=pool, spec=spec, default_image=DEFAULT_IMAGE)
         children = [*pods.values(), *router_objects(pool=pool, spec=spec, default_image=DEFAULT_IMAGE)]
-        assert len(children) == spec.replicas + 5
+        assert len(children) == spec.replicas + 6
         for child in children:
             answer = _dry_run_create(cluster, child)
             what = f"{child['kind']}/{child['metadata']['name']}"

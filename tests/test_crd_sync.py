@@ -58,7 +58,7 @@ def test_defaults_agree_with_models() -> None:
     defaults = RolloutPoolSpec.model_validate(
         {"replicas": 1, "engine": {"kind": "simulated", "model": "m", "maxModelLen": 1024}}
     )
-    assert spec["concurrency"]["properties"]["expectedResidency"]["default"] == defaults.concurrency.expected_residency
+    assert spec["concurrency"]["properties"]["workingSetTarget"]["default"] == defaults.concurrency.working_set_target
     assert spec["router"]["properties"]["sessionHeader"]["default"] == defaults.router.session_header
     assert spec["autoscaling"]["properties"]["intervalSeconds"]["default"] == defaults.autoscaling.interval_seconds
     # nested sections default to {} so the API server fills their defaults

@@ -19,7 +19,7 @@ from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl, ReplicaSi
 from rolloutpool.handlers.context import PoolMemory
 from rolloutpool.handlers.control import read_metrics
 from rolloutpool.metrics.prom import PrometheusUnreachable
-from rolloutpool.reconcile.caps import controls_from_status, plan_controls, replica_caps
+from rolloutpool.reconcile.caps import controls_from_status, plan_controls
 from rolloutpool.reconcile.control import (
     ControlStep,
     metrics_due,
@@ -40,7 +40,7 @@ from rolloutpool.reconcile.decide import (
 SPEC: dict[str, Any] = {
     "replicas": 2,
     "engine": {"kind": "simulated", "model": "m", "maxModelLen": 32768, "kvCapacityTokens": 400000},
-    "concurrency": {"expectedResidency": 0.5, "headroom": 0.1},
+    "concurrency": {"workingSetTarget": 0.9},
     "autoscaling": {"enabled": True, "prometheusUrl": "http://prom:9090", "intervalSeconds": 15},
 }
 NAMES = ["p-engine-0", "p-engine-1"]
@@ -97,28 +97,26 @@ async def _step(
     )
 
 
-async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_the_initial_cap() -> None:
+async def test_steps_only_when_the_interval_elapsed_and_new_replicas_keep_the_routers_target() -> None:
     reader, memory, spec = Reader({n: _fresh() for n in NAMES}), PoolMemory(), _spec()
-    floor = replica_caps(spec=spec)
-    assert floor is not None
     first = await _step(reader, memory, spec=spec, clock=100.0)
     assert first.stepped
     assert first.health.reason == "MetricsAvailable"
     expected = plan_controls(
-        spec=spec,
-        replicas=NAMES,
-        signals=reader.signals,
-        previous={},
-        kv_capacity_tokens={},
-        health=first.health,
-        now=NOW,
+        spec=spec, replicas=NAMES, signals=reader.signals, previous={}, health=first.health, now=NOW
     )
     assert first.controls == expected  # the law saw the signals read
+    assert {c.target for c in first.controls.values()} == {spec.concurrency.working_set_target}
     assert reader.reads == [("ns", tuple(NAMES), 120.0)]  # the law's two minutes at the default 15 s interval
 
     previous = RolloutPoolStatus(
         replica_status=[
-            ReplicaStatus(name=n, index=i, cap=c.cap, cap_changed_at=datetime.fromtimestamp(c.changed_at, tz=UTC))
+            ReplicaStatus(
+                name=n,
+                index=i,
+                target=c.target,
+                target_changed_at=None if c.changed_at is None else datetime.fromtimestamp(c.changed_at, tz=UTC),
+            )
             for i, (n, c) in enumerate(first.controls.items())
         ]
     )
@@ -127,23 +125,23 @@ async def test_steps_only_when_the_interval_elapsed_and_new_replicas_start_at_th
     assert later.next_in == pytest.approx(5.0)
     assert len(reader.reads) == 1
     assert later.controls["p-engine-0"] == controls_from_status(previous)["p-engine-0"]
-    assert later.controls["p-engine-2"].cap == floor.initial  # the spec's residency cap, where the law starts
-    assert floor.initial > floor.floor
+    assert later.controls["p-engine-2"].target is None  # the routers' own target until the law has its signals
 
     again = await _step(reader, memory, spec=spec, clock=115.0, previous=previous)
     assert again.stepped
     assert len(reader.reads) == 2
 
 
-async def test_unreachable_prometheus_falls_back_to_the_floor_and_says_why() -> None:
+async def test_unreachable_prometheus_leaves_the_routers_target_and_says_why() -> None:
     reader, memory, spec = Reader(error="Prometheus at http://prom:9090 refused the connection"), PoolMemory(), _spec()
-    floor = replica_caps(spec=spec)
-    assert floor is not None
-    previous = RolloutPoolStatus(replica_status=[ReplicaStatus(name=n, index=i, cap=30) for i, n in enumerate(NAMES)])
+    previous = RolloutPoolStatus(
+        replica_status=[ReplicaStatus(name=n, index=i, target=0.7) for i, n in enumerate(NAMES)]
+    )
     step = await _step(reader, memory, spec=spec, clock=0.0, previous=previous)
     assert (step.health.available, step.health.reason) == (False, "PrometheusUnreachable")
     assert "refused the connection" in step.health.message
-    assert {c.cap for c in step.controls.values()} == {floor.floor}
+    # blind, the law publishes no target: the routers' own (safe by construction) applies, never a guess
+    assert {(c.target, c.reason) for c in step.controls.values()} == {(None, "NoMetrics")}
     assert not any(c.quarantined for c in step.controls.values())
 
 
@@ -163,16 +161,18 @@ async def test_disabled_autoscaling_publishes_no_cap_every_pass_without_reading(
     spec = RolloutPoolSpec.model_validate(raw)
     reader = Reader()
     step = await _step(reader, PoolMemory(), spec=spec, clock=0.0)
-    # no fixed residency cap: the routers admit by projected KV tokens (under maxSessionsPerReplica)
-    assert set(step.controls.values()) == {ReplicaControl(cap=None)}
+    # no target from the law: the routers keep concurrency.workingSetTarget
+    assert set(step.controls.values()) == {ReplicaControl(target=None)}
     assert step.health.reason == "AutoscalingDisabled"
     assert step.next_in is None
     assert reader.reads == []
 
 
-async def test_pressure_reaches_the_law_with_the_previous_caps() -> None:
+async def test_pressure_reaches_the_law_with_the_previous_targets() -> None:
     spec = _spec()
-    previous = RolloutPoolStatus(replica_status=[ReplicaStatus(name=n, index=i, cap=40) for i, n in enumerate(NAMES)])
+    previous = RolloutPoolStatus(
+        replica_status=[ReplicaStatus(name=n, index=i, target=0.8) for i, n in enumerate(NAMES)]
+    )
     hot = ReplicaSignals(kv_usage=0.99, preemptions_per_s=2.0, kv_capacity_tokens=400000, sampled_at=NOW - 1)
     reader = Reader({"p-engine-0": hot, "p-engine-1": _fresh(0.8)})
     step = await _step(reader, PoolMemory(), spec=spec, clock=0.0, previous=previous)
@@ -181,13 +181,14 @@ async def test_pressure_reaches_the_law_with_the_previous_caps() -> None:
         replicas=NAMES,
         signals=reader.signals,
         previous=controls_from_status(previous),
-        kv_capacity_tokens={},
         health=step.health,
         now=NOW,
     )
     assert step.controls == expected
     assert step.controls["p-engine-0"].quarantined
-    assert step.controls["p-engine-0"].cap < 40
+    target = step.controls["p-engine-0"].target
+    assert target is not None
+    assert target < 0.8
     assert not step.controls["p-engine-1"].quarantined
 
 

@@ -120,13 +120,13 @@ async def test_a_failed_list_is_retried(fake: FakeKube) -> None:
 
 async def test_the_pool_watch_follows_the_operator_limits_of_one_pool() -> None:
     fake = FakeKube()
-    status = {"replicaStatus": [{"name": "p-engine-0", "index": 0, "cap": 7, "quarantined": True, "reason": "x"}]}
+    status = {"replicaStatus": [{"name": "p-engine-0", "index": 0, "target": 0.7, "quarantined": True, "reason": "x"}]}
     fake.put({"kind": "RolloutPool", "metadata": {"name": "p", "namespace": NS}, "status": status})
     fake.put({"kind": "RolloutPool", "metadata": {"name": "q", "namespace": NS}})
     watch = PoolWatch(fake, namespace=NS, name="p", timeout_seconds=5)
     items = watch.events()
     first = await asyncio.wait_for(anext(items), 10)
-    assert first["p-engine-0"].cap == 7
+    assert first["p-engine-0"].target == 0.7
     fake.delete("RolloutPool", NS, "p")
     assert await asyncio.wait_for(anext(items), 10) == {}
     await items.aclose()

@@ -43,7 +43,6 @@ def full_answer() -> dict[str, list[dict[str, Any]]]:
     """Answers for two replicas: a pressured a, an idle b (0/0 hit ratio, no router counter)."""
     return {
         "kv_usage": vec("pod", {"a": 0.93, "b": 0.0}),
-        "kv_usage_mean": vec("pod", {"a": 0.97, "b": 0.0}),
         "preemptions_per_s": vec("pod", {"a": 0.5, "b": 0}),
         "waiting": vec("pod", {"a": 3, "b": 0}),
         "prefix_hit_ratio": vec("pod", {"a": 0.42, "b": "NaN"}),
@@ -101,10 +100,6 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     assert queries["kv_usage"] == (
         f"max by (pod) (vllm:kv_cache_usage_perc{{{engine}}}) or max by (pod) (vllm:gpu_cache_usage_perc{{{engine}}})"
     )
-    assert queries["kv_usage_mean"] == (
-        f"max by (pod) (avg_over_time(vllm:kv_cache_usage_perc{{{engine}}}[60s]))"
-        f" or max by (pod) (avg_over_time(vllm:gpu_cache_usage_perc{{{engine}}}[60s]))"
-    )
     assert queries["preemptions_per_s"] == (
         f"sum by (pod) (max by (pod, engine) (rate(vllm:num_preemptions_total{{{engine}}}[60s])))"
     )
@@ -129,22 +124,16 @@ def test_build_queries_batches_every_replica_into_one_query_per_signal() -> None
     assert queries["router_sampled_at"] == (
         f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))"
     )
-    assert queries["measured_floor"] == (
-        f"min by (replica) (max by (replica, pod) (rolloutpool_router_measured_session_floor{{{router}}}))"
+    assert queries["held_turns"] == (
+        f"sum by (replica) (max by (replica, pod) (rolloutpool_router_held_turns{{{router}}}))"
     )
-    itl = "vllm:inter_token_latency_seconds"
-    per_pod = "sum by (pod) (max by (pod, engine) (rate({}{{" + engine + "}}[60s])))"
-    assert queries["mean_itl_seconds"].startswith(
-        f"({per_pod.format(itl + '_sum')}) / ({per_pod.format(itl + '_count')}) or ("
-    )  # tokens of every engine of the pod alike; vLLM's older time_per_output_token after the `or`
-    assert "vllm:time_per_output_token_seconds_count" in queries["mean_itl_seconds"]
 
 
-def test_the_mean_inter_token_latency_reaches_the_signals_and_a_0_over_0_is_unknown() -> None:
-    answer = {"mean_itl_seconds": vec("pod", {"a": 0.0125, "b": "NaN"})}
+def test_the_held_turns_reach_the_signals_and_a_nan_is_unknown() -> None:
+    answer = {"held_turns": vec("replica", {"a": 3, "b": "NaN"})}
     signals = assemble_signals(answer, replicas=["a", "b"])
-    assert signals["a"] == ReplicaSignals(mean_itl_seconds=0.0125)
-    assert signals["b"] == ReplicaSignals()  # an engine that generated nothing in the window
+    assert signals["a"] == ReplicaSignals(held_turns=3.0)
+    assert signals["b"] == ReplicaSignals()
 
 
 def test_build_queries_escapes_hostile_names() -> None:
@@ -181,7 +170,6 @@ def test_assemble_signals_of_a_pressured_and_an_idle_replica() -> None:
     signals = assemble_signals(full_answer(), replicas=["a", "b"])
     assert signals["a"] == ReplicaSignals(
         kv_usage=0.93,
-        kv_usage_mean=0.97,
         preemptions_per_s=0.5,
         waiting=3.0,
         prefix_hit_ratio=0.42,
@@ -208,15 +196,6 @@ def test_replica_seen_only_by_the_router_has_router_signals_only() -> None:
     answer = {"reprefill_tokens_per_s": vec("replica", {"a": 10}), "live_sessions": vec("replica", {"a": 2})}
     signals = assemble_signals(answer, replicas=["a"])
     assert signals["a"] == ReplicaSignals(reprefill_tokens_per_s=10.0, live_sessions=2)
-
-
-def test_the_routers_measured_floor_becomes_the_laws_kv_cap() -> None:
-    floors = vec("replica", {"a": 57, "b": "NaN", "c": 0})
-    answer = {"measured_floor": floors, "live_sessions": vec("replica", {"c": 1})}
-    signals = assemble_signals(answer, replicas=["a", "b", "c"])
-    assert signals["a"] == ReplicaSignals(kv_cap=57)
-    assert signals["b"] == ReplicaSignals()  # a series without a usable value: unknown
-    assert signals["c"] == ReplicaSignals(live_sessions=1)  # no session fits: no floor to jump to
 
 
 def test_nan_and_infinite_values_become_unknown() -> None:

@@ -162,7 +162,7 @@ async def test_reports_each_routers_own_quarantine_not_the_operators() -> None:
         first.manager.observe_scrape("e0", preemptions_total=0.0, waiting=0.0)
         first.manager.observe_scrape("e0", preemptions_total=3.0, waiting=0.0)
         # e1: quarantined by the operator (the pool's status) on the second router: obeyed, but not its own
-        second.manager.set_operator_limits({"e1": OperatorLimit(cap=None, quarantined=True, reason="Evicting")})
+        second.manager.set_operator_limits({"e1": OperatorLimit(target=None, quarantined=True, reason="Evicting")})
         await wait_until_async(
             lambda: first.manager.replica("e0").quarantined and second.manager.replica("e1").quarantined
         )

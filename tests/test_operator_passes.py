@@ -31,7 +31,7 @@ ROUTER_KINDS = ["Secret", "ServiceAccount", "Role", "RoleBinding", "Service", "D
 SPEC: dict[str, Any] = {
     "replicas": 2,
     "engine": {"kind": "simulated", "model": "m", "maxModelLen": 32768, "kvCapacityTokens": 400000},
-    "concurrency": {"expectedResidency": 0.5, "headroom": 0.1},
+    "concurrency": {"workingSetTarget": 0.9},
 }
 
 

@@ -22,16 +22,16 @@ def test_every_reason_is_named_by_its_value_and_the_legacy_spelling_by_evicting(
 
 
 def test_the_law_names_eviction_as_the_router_does_and_the_status_writes_plain_text() -> None:
-    params = LawParams(floor=10, initial=20, ceiling=100)
+    params = LawParams()
     reason = pressure_reason(ReplicaSignals(reprefill_tokens_per_s=1e6, sampled_at=0.0), params)
     assert reason == "Evicting"
-    entry = ReplicaStatus(name="e0", index=0, cap=20, quarantined=True, reason=reason)
+    entry = ReplicaStatus(name="e0", index=0, target=0.8, quarantined=True, reason=reason)
     assert json.loads(entry.model_dump_json(by_alias=True))["reason"] == "Evicting"
     assert quarantine_word(reason) == quarantine_word("LivePrefixEviction") == "evicting"
 
 
 def test_a_status_written_with_the_legacy_spelling_reads_back_as_a_cut() -> None:
     status = RolloutPoolStatus(
-        replica_status=[ReplicaStatus(name="e0", index=0, cap=16, quarantined=True, reason="LivePrefixEviction")]
+        replica_status=[ReplicaStatus(name="e0", index=0, target=0.8, quarantined=True, reason="LivePrefixEviction")]
     )
     assert controls_from_status(status)["e0"].reason == "Evicting"

@@ -13,7 +13,6 @@ from pydantic import ValidationError
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.cli.router import router_command
-from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.children import (
     ADMIN_TOKEN_PATH,
     STATE_PATH,
@@ -292,11 +291,11 @@ def test_router_objects() -> None:
         "--queue-max=10000",
         f"--state-path={STATE_PATH}",
         f"--admin-token-file={ADMIN_TOKEN_PATH}",
-        "--max-model-len=32768",
-        "--residency=0.5",
-        "--headroom=0.1",
+        "--target=0.9",
+        "--keep-quantile=0.9",
+        "--hold-limit=300",
         "--cap-ceiling=256",
-    ]  # no --step-floor: a real vLLM's step floor is not known
+    ]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -316,9 +315,7 @@ def test_router_settings_come_from_the_spec() -> None:
     assert "--queue-timeout=0.01" in c["args"]
     assert "--queue-max=7" in c["args"]
     assert not any(a.startswith("--cap-ceiling") for a in c["args"])
-    cost = hardware_preset("h100-80gb").cost  # engine-sims: their cost model's step floor and KV read
-    assert f"--step-floor={cost.fixed_step_seconds!r}" in c["args"]
-    assert f"--kv-read-cost={cost.kv_bytes_per_token / cost.kv_bytes_per_s!r}" in c["args"]
+    assert "--hold-limit=30" in c["args"]  # 300 engine seconds on engine-sims ten times faster than real time
 
 
 @pytest.mark.parametrize(("seconds", "arg"), [(4, "--renew-every=4"), (0.25, "--renew-every=0.25"), (None, None)])
@@ -426,15 +423,15 @@ def test_needs_update_for_every_router_object() -> None:
     assert changed == ["Deployment"]
 
 
-@given(residency=st.floats(0.01, 1.0), headroom=st.floats(0.0, 0.9), time_scale=st.floats(0.001, 10000))
-def test_numbers_reach_the_command_line_unrounded(residency: float, headroom: float, time_scale: float) -> None:
+@given(target=st.floats(0.1, 1.0), quantile=st.floats(0.5, 0.999), time_scale=st.floats(0.001, 10000))
+def test_numbers_reach_the_command_line_unrounded(target: float, quantile: float, time_scale: float) -> None:
     pool = pool_object("simulated-pool.yaml")
-    pool["spec"]["concurrency"] = {"expectedResidency": residency, "headroom": headroom}
+    pool["spec"]["concurrency"] = {"workingSetTarget": target, "keepQuantile": quantile}
     pool["spec"]["engine"]["simulator"]["timeScale"] = time_scale
     spec = spec_of(pool)
     args = container(router_objects(pool=pool, spec=spec, default_image=IMAGE)[-1]["spec"]["template"])["args"]
     values = dict(a.removeprefix("--").split("=", 1) for a in args)
-    assert float(values["residency"]) == residency
-    assert float(values["headroom"]) == headroom
+    assert float(values["target"]) == target
+    assert float(values["keep-quantile"]) == quantile
     engine_args = container(engine_pod(pool=pool, spec=spec, index=0, default_image=IMAGE))["args"]
     assert float(dict(a.removeprefix("--").split("=", 1) for a in engine_args if "=" in a)["time-scale"]) == time_scale

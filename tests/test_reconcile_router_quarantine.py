@@ -80,7 +80,7 @@ def _quarantined(status: RolloutPoolStatus) -> Condition:
 
 
 def _law(reason: str) -> dict[str, ReplicaControl]:
-    return {E(0): ReplicaControl(cap=14, changed_at=T0.timestamp(), quarantined=True, reason=reason)}
+    return {E(0): ReplicaControl(target=0.8, changed_at=T0.timestamp(), quarantined=True, reason=reason)}
 
 
 # ---------------------------------------------------------------- one replica's router quarantine

@@ -15,7 +15,6 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import (
-    DEFAULT_CEILING,
     controls_from_status,
     estimated_kv_capacity_tokens,
     law_params,
@@ -116,13 +115,12 @@ def test_replica_caps_and_law_params() -> None:
     spec = RolloutPoolSpec.model_validate(pool_object()["spec"])
     caps = replica_caps(spec=spec)
     assert caps is not None
-    assert (caps.floor, caps.initial) == (400_000 // 32768, int(400_000 / (32768 * 0.5) * 0.9))
-    params = law_params(spec=spec, kv_capacity_tokens=65536 * 2)
-    assert params.floor == 4
-    assert params.ceiling == DEFAULT_CEILING
+    assert caps.floor == 400_000 // 32768
+    params = law_params(spec=spec)
+    assert params.initial == spec.concurrency.working_set_target
+    assert (params.minimum, params.maximum) == (spec.autoscaling.min_target, spec.autoscaling.max_target)
     assert params.cooldown_seconds == spec.autoscaling.cooldown_seconds
-    vllm = RolloutPoolSpec.model_validate(load_example("vllm-pool.yaml")["spec"])
-    assert law_params(spec=vllm, kv_capacity_tokens=400_000).ceiling == 256
+    assert params.step == spec.autoscaling.target_step
 
 
 @pytest.mark.parametrize(
@@ -169,29 +167,27 @@ def test_controls_survive_a_restart_through_the_status() -> None:
     at = T0 - timedelta(seconds=30)
     status = RolloutPoolStatus(
         replica_status=[
-            ReplicaStatus(name=E(0), index=0, cap=20, quarantined=True, reason="Preempting", cap_changed_at=at),
-            ReplicaStatus(name=E(1), index=1, cap=12, quarantined=True, reason="Draining"),
+            ReplicaStatus(name=E(0), index=0, target=0.8, quarantined=True, reason="Preempting", target_changed_at=at),
+            ReplicaStatus(name=E(1), index=1, target=0.9, quarantined=True, reason="Draining"),
             ReplicaStatus(name=E(2), index=2),
         ]
     )
     assert controls_from_status(status) == {
-        E(0): ReplicaControl(cap=20, changed_at=at.timestamp(), quarantined=True, reason="Preempting"),
-        E(1): ReplicaControl(cap=12, changed_at=None, quarantined=False, reason=None),
+        E(0): ReplicaControl(target=0.8, changed_at=at.timestamp(), quarantined=True, reason="Preempting"),
+        E(1): ReplicaControl(target=0.9, changed_at=None, quarantined=False, reason=None),
     }
     assert controls_from_status(None) == {}
 
 
 def test_the_law_state_round_trips_through_the_status_wire() -> None:
     controls = {
-        E(0): ReplicaControl(
-            cap=16, changed_at=T0.timestamp(), quarantined=False, reason="Raised", limit=18, limit_at=T0.timestamp() - 5
-        ),
-        E(1): ReplicaControl(cap=12, changed_at=T0.timestamp() - 60, quarantined=True, reason="Preempting"),
+        E(0): ReplicaControl(target=0.92, changed_at=T0.timestamp(), quarantined=False, reason="Raised"),
+        E(1): ReplicaControl(target=0.81, changed_at=T0.timestamp() - 60, quarantined=True, reason="Preempting"),
     }
     pool = pool_object()
     status = status_of(pool, pods_of(pool), controls=controls)
     wire = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    assert wire["replicaStatus"][0]["capReason"] == "Raised"
+    assert wire["replicaStatus"][0]["targetReason"] == "Raised"
     assert "reason" not in wire["replicaStatus"][0]  # not quarantined: the router sees no reason
     assert controls_from_status(RolloutPoolStatus.model_validate(wire)) == controls
 
@@ -201,53 +197,36 @@ def test_plan_controls_modes() -> None:
     pool["spec"]["autoscaling"] = {"enabled": True, "prometheusUrl": "http://prom:9090"}
     spec = RolloutPoolSpec.model_validate(pool["spec"])
     names = [E(0), E(1)]
-    calm = ReplicaSignals(kv_usage=0.1, kv_capacity_tokens=400_000, live_sessions=12, sampled_at=0)
-    previous = {E(0): ReplicaControl(cap=15, changed_at=0.0)}
+    waiting = ReplicaSignals(kv_usage=0.5, kv_capacity_tokens=400_000, held_turns=2, sampled_at=0)
+    previous = {E(0): ReplicaControl(target=0.8, changed_at=0.0)}
     down = MetricsHealth(False, "PrometheusUnreachable", "refused")
-    blind = plan_controls(
-        spec=spec, replicas=names, signals={E(0): calm}, previous=previous, kv_capacity_tokens={}, health=down, now=1e6
-    )
-    assert {n: c.cap for n, c in blind.items()} == {E(0): 12, E(1): 12}  # the conservative floor
+    blind = plan_controls(spec=spec, replicas=names, signals={E(0): waiting}, previous=previous, health=down, now=1e6)
+    assert {n: c.target for n, c in blind.items()} == {E(0): None, E(1): None}  # blind: the routers' own target
     seeing = plan_controls(
-        spec=spec,
-        replicas=names,
-        signals={E(0): calm},
-        previous=previous,
-        kv_capacity_tokens={},
-        health=HEALTHY,
-        now=1e6,
+        spec=spec, replicas=names, signals={E(0): waiting}, previous=previous, health=HEALTHY, now=1e6
     )
-    assert seeing[E(0)].cap > 12
+    assert seeing[E(0)].target == 0.82  # turns wait, nothing presses: raised
+    assert seeing[E(1)].target is None  # no signals of its own yet
     pool["spec"]["autoscaling"] = {"enabled": False}
     static = RolloutPoolSpec.model_validate(pool["spec"])
     off = MetricsHealth(False, "AutoscalingDisabled", "off")
-    # without autoscaling the operator publishes no cap: the routers admit by projected KV tokens, whatever the
-    # capacity (known or not) and whatever an earlier release published
-    was = {E(0): ReplicaControl(cap=20, changed_at=0.0)}
-    off_caps = plan_controls(
-        spec=static, replicas=names, signals={}, previous=was, kv_capacity_tokens={E(1): 200_000}, health=off, now=5.0
-    )
-    assert off_caps == {E(0): ReplicaControl(cap=None), E(1): ReplicaControl(cap=None)}
-    same = plan_controls(
-        spec=static, replicas=names, signals={}, previous=off_caps, kv_capacity_tokens={}, health=off, now=9.0
-    )
-    assert same == off_caps  # no change, no new changed_at
-    # turned on again: the law starts from the spec's cap
-    restarted = plan_controls(
-        spec=spec, replicas=names, signals={}, previous=off_caps, kv_capacity_tokens={}, health=HEALTHY, now=10.0
-    )
-    assert {c.cap for c in restarted.values()} == {replica_caps(spec=spec).initial}  # type: ignore[union-attr]
+    # without autoscaling the operator publishes no target, whatever an earlier release published
+    was = {E(0): ReplicaControl(target=0.7, changed_at=0.0)}
+    off_targets = plan_controls(spec=static, replicas=names, signals={}, previous=was, health=off, now=5.0)
+    assert off_targets == {E(0): ReplicaControl(target=None), E(1): ReplicaControl(target=None)}
+    same = plan_controls(spec=static, replicas=names, signals={}, previous=off_targets, health=off, now=9.0)
+    assert same == off_targets  # no change, no new changed_at
 
 
-def test_a_pool_without_autoscaling_clears_the_cap_an_earlier_status_held() -> None:
+def test_a_pool_without_autoscaling_clears_the_target_an_earlier_status_held() -> None:
     pool = pool_object(2)
     pool["spec"]["autoscaling"] = {"enabled": False}
     pods = pods_of(pool)
-    earlier = RolloutPoolStatus(replica_status=[ReplicaStatus(name=E(i), index=i, cap=20) for i in range(2)])
+    earlier = RolloutPoolStatus(replica_status=[ReplicaStatus(name=E(i), index=i, target=0.7) for i in range(2)])
     off = MetricsHealth(False, "AutoscalingDisabled", "off")
-    controls = {E(i): ReplicaControl(cap=None) for i in range(2)}
+    controls = {E(i): ReplicaControl(target=None) for i in range(2)}
     status = status_of(pool, pods, previous=earlier, controls=controls, health=off)
-    assert [(r.cap, r.cap_changed_at, r.quarantined) for r in status.replica_status] == [(None, None, False)] * 2
+    assert [(r.target, r.target_changed_at, r.quarantined) for r in status.replica_status] == [(None, None, False)] * 2
     assert controls_from_status(status) == {}  # nothing for the law to resume from
 
 
@@ -294,13 +273,13 @@ def test_transition_time_moves_exactly_when_the_status_flips(statuses: list[Cond
 
 def test_healthy_pool() -> None:
     pool = pool_object()
-    controls = {E(i): ReplicaControl(cap=21, changed_at=T0.timestamp()) for i in range(4)}
+    controls = {E(i): ReplicaControl(target=0.85, changed_at=T0.timestamp()) for i in range(4)}
     status = status_of(pool, pods_of(pool), controls=controls)
     assert (status.replicas, status.ready_replicas, status.live_sessions, status.queued_sessions) == (4, 4, 13, 2)
     assert status.observed_generation == 7
     assert status.selector == "rolloutpool.io/pool=sim-grpo,rolloutpool.io/component=engine"
-    assert [e.cap for e in status.replica_status] == [21] * 4
-    assert status.replica_status[0].cap_changed_at == T0
+    assert [e.target for e in status.replica_status] == [0.85] * 4
+    assert status.replica_status[0].target_changed_at == T0
     assert status.replica_status[0].kv_capacity_tokens == 400_000
     verdicts = {c.type: (c.status, c.reason) for c in status.conditions}
     assert verdicts == {
@@ -350,8 +329,8 @@ def test_pod_problem(status: dict[str, Any], expected: str | None) -> None:
 def test_quarantine_and_drain_in_the_table_and_conditions() -> None:
     pool = pool_object()
     controls = {
-        E(0): ReplicaControl(cap=14, changed_at=T0.timestamp(), quarantined=True, reason="Evicting"),
-        E(1): ReplicaControl(cap=21),
+        E(0): ReplicaControl(target=0.8, changed_at=T0.timestamp(), quarantined=True, reason="Evicting"),
+        E(1): ReplicaControl(target=0.9),
     }
     plan = EnginePlan(start_drain=(E(3),), end_drain=(DrainEnd(E(2), "DrainTimeout"),), quarantine=(E(3),))
     status = status_of(pool, pods_of(pool), controls=controls, plan=plan, draining={E(2): 0.0})
@@ -421,18 +400,18 @@ def test_transition_times_survive_passes_and_flip_once() -> None:
 
 def test_rebuilding_from_the_same_world_changes_nothing() -> None:
     pool = pool_object()
-    controls = {E(0): ReplicaControl(cap=14, changed_at=T0.timestamp(), quarantined=True, reason="Queueing")}
+    controls = {E(0): ReplicaControl(target=0.8, changed_at=T0.timestamp(), quarantined=True, reason="Queueing")}
     first = status_of(pool, pods_of(pool), controls=controls)
     again = status_of(pool, pods_of(pool), controls=controls, previous=first, now=T0 + timedelta(hours=1))
     assert again == first
     assert events_between(first, again) == []
 
 
-def test_a_replica_without_control_keeps_its_previous_cap() -> None:
+def test_a_replica_without_control_keeps_its_previous_target() -> None:
     pool = pool_object()
-    first = status_of(pool, pods_of(pool), controls={E(0): ReplicaControl(cap=17, changed_at=T0.timestamp())})
+    first = status_of(pool, pods_of(pool), controls={E(0): ReplicaControl(target=0.85, changed_at=T0.timestamp())})
     second = status_of(pool, pods_of(pool), previous=first)
-    assert (second.replica_status[0].cap, second.replica_status[0].cap_changed_at) == (17, T0)
+    assert (second.replica_status[0].target, second.replica_status[0].target_changed_at) == (0.85, T0)
 
 
 # ---------------------------------------------------------------- events
@@ -445,28 +424,34 @@ def _entry(name: str, **fields: Any) -> ReplicaStatus:
 @pytest.mark.parametrize(
     ("before", "after", "expected"),
     [
-        ({"cap": 20}, {"cap": 20}, []),
+        ({"target": 0.9}, {"target": 0.9}, []),
         (
-            {"cap": 20},
-            {"cap": 14, "quarantined": True, "reason": "Evicting"},
+            {"target": 0.9},
+            {"target": 0.81, "quarantined": True, "reason": "Evicting"},
             [
                 EventIntent("ReplicaQuarantined", f"Quarantined {E(0)} (evicting)", "Warning", E(0)),
-                EventIntent("CapChanged", f"Cap of {E(0)} changed from 20 to 14 (evicting)", "Normal", E(0)),
+                EventIntent(
+                    "TargetChanged", f"Working-set target of {E(0)} changed from 0.9 to 0.81 (evicting)", "Normal", E(0)
+                ),
             ],
         ),
         (
-            {"cap": 14, "quarantined": True, "reason": "Queueing"},
-            {"cap": 14},
+            {"target": 0.81, "quarantined": True, "reason": "Queueing"},
+            {"target": 0.81},
             [EventIntent("ReplicaReleased", f"Released {E(0)} from quarantine", "Normal", E(0))],
         ),
         (
-            {"cap": 14},
-            {"cap": 15},
-            [EventIntent("CapChanged", f"Cap of {E(0)} changed from 14 to 15", "Normal", E(0))],
+            {"target": 0.81},
+            {"target": 0.83, "target_reason": "Raised"},
+            [
+                EventIntent(
+                    "TargetChanged", f"Working-set target of {E(0)} changed from 0.81 to 0.83 (raised)", "Normal", E(0)
+                )
+            ],
         ),
         (
-            {"cap": 14, "live_sessions": 3},
-            {"cap": 14, "live_sessions": 3, "quarantined": True, "reason": "Draining"},
+            {"target": 0.81, "live_sessions": 3},
+            {"target": 0.81, "live_sessions": 3, "quarantined": True, "reason": "Draining"},
             [EventIntent("DrainStarted", f"Started draining {E(0)}: 3 live sessions", "Normal", E(0))],
         ),
         (

@@ -120,6 +120,27 @@ _PRINTER_COLUMNS = [
         "jsonPath": ".status.quarantinedReplicas",
         "description": "Replicas receiving no new sessions",
     },
+    {
+        "name": "Held",
+        "type": "integer",
+        "jsonPath": ".status.heldTurns",
+        "description": "Turns paused until their replica's working set has room",
+        "priority": 1,
+    },
+    {
+        "name": "Leases",
+        "type": "integer",
+        "jsonPath": ".status.keptSessions",
+        "description": "Idle sessions whose prefix is kept (leases held)",
+        "priority": 1,
+    },
+    {
+        "name": "Moves",
+        "type": "integer",
+        "jsonPath": ".status.moves",
+        "description": "Sessions moved once because their prefix was gone on their replica",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

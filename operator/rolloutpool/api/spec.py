@@ -285,20 +285,22 @@ def _check_pod_template(template: dict[str, Any]) -> None:
 
 
 class ConcurrencySpec(SpecModel):
-    """Per-replica caps on live sessions, derived from KV capacity."""
+    """How the routers schedule turns on each replica (routing/workingset.py) and the ceiling on live sessions."""
 
-    expected_residency: float = Field(default=0.5, ge=0.01, le=1.0)
-    """Mean fraction of ``maxModelLen`` a live session keeps resident: the starting cap,
-    ``capacity / (maxModelLen x residency) x (1 - headroom)``, until the router has measured contexts (1.0
-    starts at the conservative floor). Without autoscaling the router's KV admission then follows the
-    measured contexts; with it, the control law starts here (simulated engines whose whole KV cache reads in
-    under a step's floor start at the law's ceiling). ``maxSessionsPerReplica`` is the hard limit."""
+    working_set_target: float = Field(default=0.9, ge=0.1, le=1.0)
+    """Share of a replica's KV capacity its working set may fill: the contexts of generating sessions and of the
+    idle sessions whose prefix the routers keep. A returning turn whose prefix was let go waits for room under it.
+    With autoscaling, where the control law starts each replica."""
 
-    headroom: float = Field(default=0.1, ge=0.0, le=0.9)
-    """Fraction of the oversubscribed cap kept free as a safety margin."""
+    keep_quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
+    """An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from the
+    gaps between turns; after that it may be let go when a turn or a new session needs the room."""
+
+    hold_limit_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """A held turn is served after this long whatever the room (bounded wait)."""
 
     max_sessions_per_replica: int | None = Field(default=None, ge=1, le=100_000)
-    """Hard ceiling on live sessions per replica, whatever the capacity says."""
+    """Hard ceiling on live sessions per replica, whatever the working set has room for."""
 
 
 class RouterTraceSpec(SpecModel):
@@ -345,7 +347,7 @@ class RouterSpec(SpecModel):
 
 
 class AutoscalingSpec(SpecModel):
-    """Adaptive per-replica caps from Prometheus KV-pressure signals."""
+    """The control law: each replica's working-set target tuned from Prometheus KV-pressure signals."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -354,13 +356,19 @@ class AutoscalingSpec(SpecModel):
                     "!has(self.enabled) || !self.enabled || has(self.prometheusUrl)",
                     "autoscaling.prometheusUrl is required when autoscaling.enabled is true",
                     ".prometheusUrl",
-                )
+                ),
+                _cel(
+                    "!has(self.minTarget) || !has(self.maxTarget) || self.minTarget <= self.maxTarget",
+                    "autoscaling.minTarget must not exceed autoscaling.maxTarget",
+                    ".minTarget",
+                ),
             ]
         }
     )
 
     enabled: bool = False
-    """Move caps with measured pressure; off keeps the cap derived from the spec."""
+    """Tune each replica's working-set target with measured pressure; off: the routers keep
+    ``concurrency.workingSetTarget``."""
 
     prometheus_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
     """Base URL of the Prometheus that scrapes the engines and the router."""
@@ -368,22 +376,27 @@ class AutoscalingSpec(SpecModel):
     interval_seconds: int = Field(default=15, ge=5, le=3600)
     """Period of the control loop."""
 
-    target_kv_usage: float = Field(default=0.85, ge=0.1, le=1.0)
-    """KV usage below which a replica without pressure may take more sessions."""
-
     cooldown_seconds: int = Field(default=60, ge=0, le=86_400)
-    """Minimum time between two cap changes of one replica (anti-flap)."""
+    """Minimum time between two target changes of one replica (anti-flap)."""
 
-    decrease_factor: float = Field(default=0.85, ge=0.1, le=0.99)
-    """Multiplicative cut of a cap on eviction or preemption."""
+    decrease_factor: float = Field(default=0.9, ge=0.1, le=0.99)
+    """Multiplicative cut of a target when kept prefixes are evicted or requests preempted."""
 
-    increase_step: int = Field(default=1, ge=1, le=1000)
-    """Additive raise of a cap per interval without pressure."""
+    target_step: float = Field(default=0.02, ge=0.0, le=0.5)
+    """Raise of a target per cooldown while turns wait for room and nothing presses."""
+
+    min_target: float = Field(default=0.5, ge=0.1, le=1.0)
+    """The law never sets a target below this."""
+
+    max_target: float = Field(default=1.0, ge=0.1, le=1.0)
+    """The law never sets a target above this."""
 
     @model_validator(mode="after")
-    def _check_url(self) -> AutoscalingSpec:
+    def _check(self) -> AutoscalingSpec:
         if self.enabled and self.prometheus_url is None:
             raise ValueError("autoscaling.prometheusUrl is required when autoscaling.enabled is true")
+        if self.min_target > self.max_target:
+            raise ValueError("autoscaling.minTarget must not exceed autoscaling.maxTarget")
         return self
 
 
@@ -404,13 +417,13 @@ class RolloutPoolSpec(SpecModel):
     """The engine every replica runs."""
 
     concurrency: ConcurrencySpec = Field(default_factory=ConcurrencySpec)
-    """Per-replica session caps."""
+    """Turn scheduling on each replica and the ceiling on live sessions."""
 
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The session router."""
 
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
-    """Adaptive concurrency."""
+    """The control law tuning each replica's working-set target."""
 
     update_strategy: UpdateStrategySpec = Field(default_factory=UpdateStrategySpec)
     """Drain and replacement of replicas."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -64,6 +64,15 @@ class Condition(StatusModel):
     """When ``status`` last changed."""
 
 
+class ReplicaTurns(NamedTuple):
+    """What the routers report of one replica's turn scheduling (summed over router pods)."""
+
+    held: int
+    kept: int
+    let_go: int
+    moves: int
+
+
 class ReplicaStatus(StatusModel):
     """Observed state and decided limits of one engine replica."""
 
@@ -84,8 +93,21 @@ class ReplicaStatus(StatusModel):
     live_sessions: int = Field(default=0, ge=0)
     """Sessions started on this replica and not yet released."""
 
-    cap: int | None = Field(default=None, ge=0)
-    """Cap on live sessions the control law set (autoscaling on); unset when the router's KV admission decides."""
+    target: float | None = Field(default=None, gt=0.0, le=2.0)
+    """The working-set target the control law set (autoscaling on): the share of the replica's KV capacity that
+    generating sessions and the idle prefixes the routers keep may fill; unset: the routers' own."""
+
+    held_turns: int = Field(default=0, ge=0)
+    """Turns of live sessions the routers hold (paused) until the replica's working set has room."""
+
+    kept_sessions: int = Field(default=0, ge=0)
+    """Sessions waiting on a tool whose prefix the routers keep (leases held)."""
+
+    let_go_sessions: int = Field(default=0, ge=0)
+    """Live sessions whose prefix the routers let go (the engine may evict it; their next turn needs room)."""
+
+    moves: int = Field(default=0, ge=0)
+    """Sessions the routers moved to another replica because their prefix was gone here (cumulative)."""
 
     kv_capacity_tokens: int | None = Field(default=None, ge=0)
     """KV capacity reported by the engine (``num_gpu_blocks * block_size``)."""
@@ -113,17 +135,11 @@ class ReplicaStatus(StatusModel):
     ``prompt_tokens_details``: re-prefill is undetectable; start vLLM with ``--enable-prompt-tokens-details``),
     ``PrefixCachingOff`` (nothing is cached; misses never quarantine it)."""
 
-    cap_changed_at: datetime | None = None
-    """When the control loop last moved ``cap`` (its cooldown survives an operator restart)."""
+    target_changed_at: datetime | None = None
+    """When the control loop last moved ``target`` (its cooldown survives an operator restart)."""
 
-    cap_reason: str | None = None
-    """Why the control loop last moved or held ``cap`` (``Raised``, ``NoMetrics``, a pressure reason)."""
-
-    cap_limit: int | None = Field(default=None, ge=0)
-    """The lowest cap at which the control loop saw pressure (the learned limit); unset before any pressure."""
-
-    cap_limit_at: datetime | None = None
-    """When the control loop learned or last probed ``capLimit``."""
+    target_reason: str | None = None
+    """Why the control loop last moved or held ``target`` (``Raised``, ``NoMetrics``, a pressure reason)."""
 
 
 class RolloutPoolStatus(StatusModel):
@@ -146,6 +162,15 @@ class RolloutPoolStatus(StatusModel):
 
     queued_sessions: int = Field(default=0, ge=0)
     """New sessions waiting in the router for a free slot."""
+
+    held_turns: int = Field(default=0, ge=0)
+    """Turns of live sessions held for room over all replicas (``replicaStatus[].heldTurns``)."""
+
+    kept_sessions: int = Field(default=0, ge=0)
+    """Idle prefixes kept over all replicas (leases held)."""
+
+    moves: int = Field(default=0, ge=0)
+    """Sessions moved to another replica because their prefix was gone (cumulative, over all replicas)."""
 
     quarantined_replicas: int = Field(default=0, ge=0)
     """Replicas currently quarantined, by the operator (``quarantined``) or a router (``routerQuarantined``)."""

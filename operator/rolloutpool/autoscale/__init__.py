@@ -1,4 +1,5 @@
-"""Adaptive concurrency: the pure control law shared by the operator and the simulator."""
+"""The slow control loop: the pure law that tunes each replica's working-set target, shared by the operator and
+the simulator."""
 
 from rolloutpool.autoscale.law import (
     RATE_WINDOW_SECONDS,
@@ -7,11 +8,8 @@ from rolloutpool.autoscale.law import (
     MetricsHealth,
     ReplicaControl,
     ReplicaSignals,
-    cheap_cache_reads,
     classify_health,
     decide_replica,
-    decide_unobserved,
-    initial_cap,
     pressure_reason,
 )
 
@@ -22,10 +20,7 @@ __all__ = [
     "MetricsHealth",
     "ReplicaControl",
     "ReplicaSignals",
-    "cheap_cache_reads",
     "classify_health",
     "decide_replica",
-    "decide_unobserved",
-    "initial_cap",
     "pressure_reason",
 ]

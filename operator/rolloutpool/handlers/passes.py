@@ -60,6 +60,7 @@ async def observe(context: OperatorContext, memory: PoolMemory, pool: dict[str, 
         stats.quarantined,
         stats.reachable > 0 or not urls,
         stats.engine_warnings,
+        stats.turns,
     )
     observed = Observed(pool, pods, deployment, routers, memory.recall(), context.settings, clock, None, router_pods)
     query = metrics_query(observed, now=now)

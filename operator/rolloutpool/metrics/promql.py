@@ -21,7 +21,6 @@ from rolloutpool.autoscale import ReplicaSignals
 from rolloutpool.routing.weights import FLUSHING_OPERATIONS
 
 __all__ = [
-    "MEASURED_FLOOR",
     "QUERY_NAMES",
     "assemble_signals",
     "build_queries",
@@ -31,13 +30,10 @@ __all__ = [
     "sample_values",
 ]
 
-MEASURED_FLOOR: Final = "rolloutpool_router_measured_session_floor"
-"""The router's measured floor (``ReplicaSignals.kv_cap``): the KV budget over finished sessions' p90 final context."""
 _RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 
 QUERY_NAMES: Final = (
     "kv_usage",
-    "kv_usage_mean",
     "preemptions_per_s",
     "waiting",
     "prefix_hit_ratio",
@@ -45,10 +41,9 @@ QUERY_NAMES: Final = (
     "engine_sampled_at",
     "reprefill_tokens_per_s",
     "live_sessions",
+    "held_turns",
     "router_sampled_at",
     "weight_updates",
-    "measured_floor",
-    "mean_itl_seconds",
 )
 """Keys of :func:`build_queries`, in the order a read sends them."""
 
@@ -86,14 +81,6 @@ def _engine_sum_or_old(names: tuple[str, ...], selector_range: str) -> str:
     return " or ".join(_engine_sum(f"rate({name}{selector_range})") for name in names)
 
 
-def _engine_mean_itl(selector_range: str) -> str:
-    """The per-pod mean inter-token latency over the window (every engine's tokens alike), current name first."""
-    return " or ".join(
-        f"({_engine_sum(f'rate({total}{selector_range})')}) / ({_engine_sum(f'rate({count}{selector_range})')})"
-        for total, count in vm.INTER_TOKEN_LATENCY_SAMPLES
-    )
-
-
 def _router_sum(expr: str) -> str:
     # one value per router pod (deduplicated across jobs), summed over router pods
     return f"sum by (replica) (max by (replica, pod) ({expr}))"
@@ -105,7 +92,7 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     Engine queries aggregate ``by (pod)`` (summed over a pod's engines), router queries
     ``by (replica)`` (summed over router pods); series scraped twice by different jobs count
     once. ``kv_usage`` falls back per pod to vLLM's older ``gpu_cache_usage_perc`` when
-    ``kv_cache_usage_perc`` is absent (``kv_usage_mean`` likewise: its mean over the window).
+    ``kv_cache_usage_perc`` is absent.
     """
     if not replicas:
         raise ValueError("at least one replica is needed")
@@ -118,10 +105,6 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
     return {
         "kv_usage": (
             f"max by (pod) ({vm.KV_CACHE_USAGE}{{{engine}}}) or max by (pod) ({vm.GPU_CACHE_USAGE}{{{engine}}})"
-        ),
-        "kv_usage_mean": (
-            f"max by (pod) (avg_over_time({vm.KV_CACHE_USAGE}{{{engine}}}[{w}]))"
-            f" or max by (pod) (avg_over_time({vm.GPU_CACHE_USAGE}{{{engine}}}[{w}]))"
         ),
         "preemptions_per_s": _engine_sum(f"rate({vm.total(vm.NUM_PREEMPTIONS)}{{{engine}}}[{w}])"),
         "waiting": _engine_sum(f"{vm.NUM_REQUESTS_WAITING}{{{engine}}}"),
@@ -136,13 +119,11 @@ def build_queries(*, namespace: str, replicas: Sequence[str], window_seconds: fl
         "engine_sampled_at": f"max by (pod) (timestamp({vm.NUM_REQUESTS_WAITING}{{{engine}}}))",
         "reprefill_tokens_per_s": _router_sum(f"rate(rolloutpool_router_reprefilled_tokens_total{{{router}}}[{w}])"),
         "live_sessions": _router_sum(f"rolloutpool_router_live_sessions{{{router}}}"),
+        "held_turns": _router_sum(f"rolloutpool_router_held_turns{{{router}}}"),
         "router_sampled_at": f"max by (replica) (timestamp(rolloutpool_router_live_sessions{{{router}}}))",
         "weight_updates": _engine_sum(
             f"increase({vm.RL_WEIGHT_UPDATE_OPS_COUNT}{{{engine}, operation=~{flushing}}}[{w}])"
         ),
-        # each router measures its own finished sessions: the most conservative router's floor
-        "measured_floor": f"min by (replica) (max by (replica, pod) ({MEASURED_FLOOR}{{{router}}}))",
-        "mean_itl_seconds": _engine_mean_itl(f"{{{engine}}}[{w}]"),
     }
 
 
@@ -203,18 +184,16 @@ def assemble_signals(
         name: sample_values(results.get(name, ()), label="pod")
         for name in (
             "kv_usage",
-            "kv_usage_mean",
             "preemptions_per_s",
             "waiting",
             "prefix_hit_ratio",
             "engine_sampled_at",
             "weight_updates",
-            "mean_itl_seconds",
         )
     }
     by_replica = {
         name: sample_values(results.get(name, ()), label="replica")
-        for name in ("reprefill_tokens_per_s", "live_sessions", "router_sampled_at", "measured_floor")
+        for name in ("reprefill_tokens_per_s", "live_sessions", "held_turns", "router_sampled_at")
     }
     capacity = _capacities(results.get("cache_config", ()))
     signals: dict[str, ReplicaSignals | None] = {}
@@ -229,19 +208,16 @@ def assemble_signals(
             if t is not None and math.isfinite(t)
         ]
         live = _finite(by_replica["live_sessions"].get(replica))
-        floor = _finite(by_replica["measured_floor"].get(replica))
         signals[replica] = ReplicaSignals(
             kv_usage=_finite(by_pod["kv_usage"].get(replica)),
-            kv_usage_mean=_finite(by_pod["kv_usage_mean"].get(replica)),
             preemptions_per_s=_finite(by_pod["preemptions_per_s"].get(replica)),
             waiting=_finite(by_pod["waiting"].get(replica)),
             prefix_hit_ratio=_finite(by_pod["prefix_hit_ratio"].get(replica)),
             reprefill_tokens_per_s=_finite(by_replica["reprefill_tokens_per_s"].get(replica)),
             kv_capacity_tokens=capacity.get(replica),
             live_sessions=None if live is None else round(live),
+            held_turns=_finite(by_replica["held_turns"].get(replica)),
             sampled_at=max(times) if times else None,
             weight_updates=_finite(by_pod["weight_updates"].get(replica)),
-            mean_itl_seconds=_finite(by_pod["mean_itl_seconds"].get(replica)),
-            kv_cap=None if floor is None or floor < 1 else int(floor),
         )
     return signals

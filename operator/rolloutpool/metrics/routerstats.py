@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rolloutpool.api.status import ReplicaTurns
 from rolloutpool.metrics.prom import redact_url
 
 __all__ = ["RouterSample", "RouterStats", "metrics_url", "parse_router_metrics", "read_router_stats"]
@@ -24,6 +25,12 @@ _LIVE = "rolloutpool_router_live_sessions"
 _QUEUE = "rolloutpool_router_queue_depth"
 _PRESSURE = "rolloutpool_router_replica_pressure"
 _ENGINE_WARNING = "rolloutpool_router_replica_engine_warning"
+_TURNS = {
+    "rolloutpool_router_held_turns": 0,
+    "rolloutpool_router_kept_sessions": 1,
+    "rolloutpool_router_let_go_sessions": 2,
+}
+_DECISIONS = "rolloutpool_router_turn_decisions_total"
 _MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -45,6 +52,8 @@ class RouterStats:
     engine_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Replica -> what its engine does not report, per any answering router (``NoCachedTokens``,
     ``PrefixCachingOff``; ``rolloutpool_router_replica_engine_warning``)."""
+    turns: dict[str, ReplicaTurns] = field(default_factory=dict)
+    """Replica -> held turns, kept and let-go prefixes and moves (``rolloutpool_router_held_turns`` ...)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,12 @@ class RouterSample:
     """Replica -> reason, while the router's own fast loop quarantines it."""
     engine_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Replica -> engine warnings the router raises (sorted)."""
+    turns: dict[str, ReplicaTurns] = field(default_factory=dict)
+    """Replica -> the router's turn-scheduling gauges and its moves."""
+
+
+def _add(a: ReplicaTurns | None, b: ReplicaTurns) -> ReplicaTurns:
+    return b if a is None else ReplicaTurns(*(x + y for x, y in zip(a, b, strict=True)))
 
 
 def metrics_url(url: str) -> str:
@@ -77,10 +92,15 @@ def parse_router_metrics(text: str) -> RouterSample:
     queued = 0
     quarantined: dict[str, str] = {}
     warnings: dict[str, set[str]] = {}
+    turns: dict[str, list[int]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             replica = sample.labels.get("replica")
-            if sample.name == _LIVE and replica is not None:
+            if replica is not None and sample.name in _TURNS:
+                turns.setdefault(replica, [0, 0, 0, 0])[_TURNS[sample.name]] += round(sample.value)
+            elif replica is not None and sample.name == _DECISIONS and sample.labels.get("decision") == "moved":
+                turns.setdefault(replica, [0, 0, 0, 0])[3] += round(sample.value)
+            elif sample.name == _LIVE and replica is not None:
                 live[replica] = live.get(replica, 0) + round(sample.value)
             elif sample.name == _QUEUE:
                 queued += round(sample.value)
@@ -93,6 +113,7 @@ def parse_router_metrics(text: str) -> RouterSample:
         queued_sessions=queued,
         quarantined=quarantined,
         engine_warnings={r: tuple(sorted(w)) for r, w in warnings.items()},
+        turns={r: ReplicaTurns(*t) for r, t in turns.items()},
     )
 
 
@@ -113,6 +134,7 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
     queued = 0
     quarantined: dict[str, str] = {}
     warnings: dict[str, tuple[str, ...]] = {}
+    turns: dict[str, ReplicaTurns] = {}
     reachable = 0
     errors: list[str] = []
     for url in urls:
@@ -134,6 +156,8 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
             quarantined.setdefault(replica, reason)
         for replica, found in sample.engine_warnings.items():
             warnings[replica] = tuple(sorted({*warnings.get(replica, ()), *found}))
+        for replica, counts in sample.turns.items():
+            turns[replica] = _add(turns.get(replica), counts)
     return RouterStats(
         live_sessions=live,
         queued_sessions=queued,
@@ -141,4 +165,5 @@ def read_router_stats(urls: Sequence[str], *, timeout_seconds: float = 2.0) -> R
         errors=tuple(errors),
         quarantined=quarantined,
         engine_warnings=warnings,
+        turns=turns,
     )

@@ -1,10 +1,10 @@
-"""Per-replica caps from the spec and the control law's inputs and state (pure).
+"""The spec's check, each replica's capacity, and the control law's inputs and state (pure).
 
-The operator checks a spec it was given (``parse_spec``), derives each replica's
-conservative floor and starting cap from KV capacity (``replica_caps``), turns the spec
-into the law's knobs (``law_params``), recovers the law's state from the status after a
-restart (``controls_from_status``) and runs one control step for every replica
-(``plan_controls``). Nothing here does I/O; ``now`` is passed in.
+The operator checks a spec it was given (``parse_spec``: a replica must hold one full context, the
+ceiling must hold the conservative floor), turns the spec into the law's knobs (``law_params``),
+recovers the law's state from the status after a restart (``controls_from_status``) and runs one
+control step for every replica (``plan_controls``): each replica's working-set target. Nothing here
+does I/O; ``now`` is passed in.
 """
 
 from __future__ import annotations
@@ -18,14 +18,7 @@ from pydantic import ValidationError
 
 from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import RolloutPoolStatus
-from rolloutpool.autoscale.law import (
-    LawParams,
-    MetricsHealth,
-    ReplicaControl,
-    ReplicaSignals,
-    decide_replica,
-    decide_unobserved,
-)
+from rolloutpool.autoscale.law import LawParams, MetricsHealth, ReplicaControl, ReplicaSignals, decide_replica
 from rolloutpool.capacity import (
     MODEL_PRESETS,
     SessionCaps,
@@ -33,12 +26,11 @@ from rolloutpool.capacity import (
     kv_bytes_per_token,
     session_caps,
 )
-from rolloutpool.engine.model.cost import CostModel, hardware_preset
+from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.reconcile.labels import MAX_POOL_NAME_LENGTH
 from rolloutpool.routing.pressure import pressure_reason_named
 
 __all__ = [
-    "DEFAULT_CEILING",
     "DRAIN_REASONS",
     "controls_from_status",
     "estimated_kv_capacity_tokens",
@@ -46,11 +38,7 @@ __all__ = [
     "parse_spec",
     "plan_controls",
     "replica_caps",
-    "simulated_cost",
 ]
-
-DEFAULT_CEILING = 100_000
-"""Ceiling of the law when ``maxSessionsPerReplica`` is unset (the schema's own maximum)."""
 
 DRAIN_REASONS = frozenset({"Draining", "Drained", "DrainTimeout", "Terminating"})
 """Replica-status reasons of the operator's lifecycle quarantine, not of the control law."""
@@ -61,14 +49,6 @@ _NAMED_VALUE_ERROR = re.compile(r"^Value error, (?P<message>(?P<path>[a-z][A-Za-
 
 def _error_path(loc: tuple[int | str, ...]) -> str:
     return "spec" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
-
-
-def simulated_cost(spec: RolloutPoolSpec) -> CostModel | None:
-    """The engine-sims' step-time model (their hardware preset's); None for vLLM, whose costs are unknown (pure)."""
-    engine = spec.engine
-    if engine.kind != "simulated":
-        return None
-    return hardware_preset((engine.simulator or SimulatorSpec()).hardware).cost
 
 
 def estimated_kv_capacity_tokens(spec: RolloutPoolSpec) -> int | None:
@@ -107,7 +87,8 @@ def estimated_kv_capacity_tokens(spec: RolloutPoolSpec) -> int | None:
 
 
 def replica_caps(*, spec: RolloutPoolSpec, kv_capacity_tokens: int | None = None) -> SessionCaps | None:
-    """Floor, initial cap and ceiling of one replica; None when its capacity is unknown (pure).
+    """Floor and ceiling of one replica (the floor: sessions that fit at full context); None when its capacity
+    is unknown (pure).
 
     ``kv_capacity_tokens`` is what the engine reported; without it the spec's estimate is used.
     Raises ``ValueError`` naming the spec field when the spec cannot be served.
@@ -118,8 +99,8 @@ def replica_caps(*, spec: RolloutPoolSpec, kv_capacity_tokens: int | None = None
     return session_caps(
         capacity_tokens=capacity,
         max_model_len=spec.engine.max_model_len,
-        expected_residency=spec.concurrency.expected_residency,
-        headroom=spec.concurrency.headroom,
+        expected_residency=1.0,
+        headroom=0.0,
         ceiling=spec.concurrency.max_sessions_per_replica,
     )
 
@@ -152,25 +133,17 @@ def parse_spec(*, pool: Mapping[str, Any]) -> tuple[RolloutPoolSpec | None, str 
     return spec, None
 
 
-def law_params(*, spec: RolloutPoolSpec, kv_capacity_tokens: int) -> LawParams:
-    """The control law's knobs for one replica of ``kv_capacity_tokens`` (pure).
-
-    Raises ``ValueError`` naming the spec field when the floor is below one session or above the ceiling.
-    """
-    caps = replica_caps(spec=spec, kv_capacity_tokens=kv_capacity_tokens)
-    assert caps is not None  # noqa: S101 -- a capacity was given
+def law_params(*, spec: RolloutPoolSpec) -> LawParams:
+    """The control law's knobs, from ``spec.concurrency`` and ``spec.autoscaling`` (pure)."""
     autoscaling = spec.autoscaling
-    cost = simulated_cost(spec)  # the step floor and a whole cache's read: known for engine-sims only
+    initial = min(autoscaling.max_target, max(autoscaling.min_target, spec.concurrency.working_set_target))
     return LawParams(
-        step_floor_seconds=None if cost is None else cost.fixed_step_seconds,
-        cache_read_seconds=None if cost is None else cost.kv_read_seconds(kv_capacity_tokens),
-        floor=caps.floor,
-        ceiling=caps.ceiling if caps.ceiling is not None else max(DEFAULT_CEILING, caps.floor),
-        initial=caps.initial,
-        target_kv_usage=autoscaling.target_kv_usage,
-        cooldown_seconds=float(autoscaling.cooldown_seconds),
+        initial=initial,
+        minimum=autoscaling.min_target,
+        maximum=autoscaling.max_target,
+        step=autoscaling.target_step,
         decrease_factor=autoscaling.decrease_factor,
-        increase_step=autoscaling.increase_step,
+        cooldown_seconds=float(autoscaling.cooldown_seconds),
     )
 
 
@@ -187,24 +160,22 @@ def _current_spelling(reason: str | None) -> str | None:
 def controls_from_status(status: RolloutPoolStatus | None) -> dict[str, ReplicaControl]:
     """The law's state per replica as the last status recorded it, so it survives a restart (pure).
 
-    Cap, cooldown (``capChangedAt``), the reason the cap last moved (``capReason``) and the learned
-    limit (``capLimit``, ``capLimitAt``). Replicas without a cap are left out; a drain or
-    termination is the operator's lifecycle, not the law's quarantine, and is not carried over.
+    Target, cooldown (``targetChangedAt``) and the reason the target last moved (``targetReason``). Replicas
+    without a target are left out; a drain or termination is the operator's lifecycle, not the law's quarantine,
+    and is not carried over.
     """
     controls: dict[str, ReplicaControl] = {}
     for entry in status.replica_status if status else []:
-        if entry.cap is None:
+        if entry.target is None:
             continue
         lifecycle = entry.reason in DRAIN_REASONS
         controls[entry.name] = ReplicaControl(
-            cap=entry.cap,
-            changed_at=_timestamp(entry.cap_changed_at),
+            target=entry.target,
+            changed_at=_timestamp(entry.target_changed_at),
             quarantined=entry.quarantined and not lifecycle,
             reason=_current_spelling(
-                entry.cap_reason if entry.cap_reason is not None else (None if lifecycle else entry.reason)
+                entry.target_reason if entry.target_reason is not None else (None if lifecycle else entry.reason)
             ),
-            limit=entry.cap_limit,
-            limit_at=_timestamp(entry.cap_limit_at),
         )
     return controls
 
@@ -215,38 +186,24 @@ def plan_controls(
     replicas: Sequence[str],
     signals: Mapping[str, ReplicaSignals | None],
     previous: Mapping[str, ReplicaControl],
-    kv_capacity_tokens: Mapping[str, int],
     health: MetricsHealth,
     now: float,
 ) -> dict[str, ReplicaControl]:
-    """One step of the slow loop: every replica's cap and quarantine (pure).
+    """One step of the slow loop: every replica's working-set target and quarantine (pure).
 
-    - Autoscaling disabled: no cap (``ReplicaControl.cap`` None), never quarantined: the router admits by
-      projected KV tokens of its live sessions under ``maxSessionsPerReplica`` (its measured contexts, with
-      ``expectedResidency`` only as the prior before any session finished), not a fixed residency cap.
-    - Prometheus unreachable or stale: every replica falls back to its conservative floor.
-    - Otherwise the law decides each replica from its own signals; a replica without
-      signals of its own (a new pod not scraped yet) starts at, or drops to, the law's
-      initial cap (the spec's ``expectedResidency`` cap).
-
-    A replica's capacity is the one its engine reported (signals), else ``kv_capacity_tokens``
-    (e.g. from the previous status), else the spec's estimate; a replica whose capacity stays
-    unknown gets no control. Raises ``ValueError`` naming the field when the spec cannot be served.
+    - Autoscaling disabled: no target (``ReplicaControl.target`` None), never quarantined: the routers keep
+      ``concurrency.workingSetTarget``.
+    - Prometheus unreachable or stale, or a replica without signals of its own (a new pod): no target either,
+      the routers' own applies (their working set is safe without the law: it only tunes how full it runs).
+    - Otherwise the law decides each replica from its own signals.
     """
     blind = health.reason in ("PrometheusUnreachable", "MetricsStale")
+    params = law_params(spec=spec)
     controls: dict[str, ReplicaControl] = {}
     for name in replicas:
         if not spec.autoscaling.enabled:
-            controls[name] = ReplicaControl(cap=None)  # the same every pass: no status churn
+            controls[name] = ReplicaControl(target=None)  # the same every pass: no status churn
             continue
         observed = None if blind else signals.get(name)
-        capacity = (observed.kv_capacity_tokens if observed else None) or kv_capacity_tokens.get(name)
-        capacity = capacity if capacity is not None else estimated_kv_capacity_tokens(spec)
-        if capacity is None:
-            continue
-        params = law_params(spec=spec, kv_capacity_tokens=capacity)
-        if observed is None and not blind:
-            controls[name] = decide_unobserved(previous=previous.get(name), params=params, now=now)
-        else:
-            controls[name] = decide_replica(previous=previous.get(name), signals=observed, params=params, now=now)
+        controls[name] = decide_replica(previous=previous.get(name), signals=observed, params=params, now=now)
     return controls

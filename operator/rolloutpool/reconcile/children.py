@@ -17,7 +17,6 @@ from typing import Any
 
 from rolloutpool.api.spec import RolloutPoolSpec, SimulatorSpec
 from rolloutpool.api.status import API_GROUP, PLURAL
-from rolloutpool.reconcile.caps import simulated_cost
 from rolloutpool.reconcile.engine_pod import apply_engine_fields
 from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
@@ -32,7 +31,6 @@ from rolloutpool.reconcile.labels import (
     router_name,
     router_selector,
 )
-from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 
 __all__ = [
     "ADMIN_TOKEN_KEY",
@@ -267,21 +265,14 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         f"--queue-max={router.max_queue_length}",
         f"--state-path={STATE_PATH}",
         f"--admin-token-file={ADMIN_TOKEN_PATH}",
-        f"--max-model-len={spec.engine.max_model_len}",
-        f"--residency={_number(concurrency.expected_residency)}",
-        f"--headroom={_number(concurrency.headroom)}",
+        f"--target={_number(concurrency.working_set_target)}",
+        f"--keep-quantile={_number(concurrency.keep_quantile)}",
     ]
+    simulator = spec.engine.simulator
+    scale = simulator.time_scale if simulator is not None else 1.0  # engine-sims run time-scaled: wall seconds here
+    args.append(f"--hold-limit={_number(concurrency.hold_limit_seconds / scale)}")
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
-    simulator = spec.engine.simulator
-    if simulator is not None and simulator.time_scale != 1.0:  # the eviction budget is engine time
-        budget = EvictionBudgetConfig().scaled(simulator.time_scale)
-        args.append(f"--reprefill-budget={_number(budget.reprefill_tokens_per_s)}")
-        args.append(f"--reprefill-budget-window={_number(budget.window_seconds)}")
-    cost = simulated_cost(spec)
-    if cost is not None:  # the engine-sims' step floor and KV read are their cost model's (real vLLM: unknown)
-        args.append(f"--step-floor={_number(cost.fixed_step_seconds)}")
-        args.append(f"--kv-read-cost={_number(cost.kv_read_seconds(1))}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl

@@ -158,9 +158,9 @@ def events_between(previous: RolloutPoolStatus | None, current: RolloutPoolStatu
             events.append(EventIntent("ReplicaQuarantined", f"Quarantined {name} ({detail})", "Warning", name))
         elif _held(old) and not _held(after) and not after.quarantined:
             events.append(EventIntent("ReplicaReleased", f"Released {name} from quarantine", "Normal", name))
-        if old.cap is not None and after.cap is not None and old.cap != after.cap:
-            moved_by = after.cap_reason or after.reason
+        if old.target is not None and after.target is not None and old.target != after.target:
+            moved_by = after.target_reason or after.reason
             why = f" ({quarantine_word(moved_by)})" if moved_by else ""
-            message = f"Cap of {name} changed from {old.cap} to {after.cap}{why}"
-            events.append(EventIntent("CapChanged", message, "Normal", name))
+            message = f"Working-set target of {name} changed from {old.target:g} to {after.target:g}{why}"
+            events.append(EventIntent("TargetChanged", message, "Normal", name))
     return events

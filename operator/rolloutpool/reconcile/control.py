@@ -139,17 +139,12 @@ def step_controls(
     now: float,
     clock: float,
 ) -> ControlStep:
-    """One pass's caps: a law step over ``memo`` (``stepped``: it was just read), otherwise the kept ones (pure).
+    """One pass's targets: a law step over ``memo`` (``stepped``: it was just read), otherwise the kept ones (pure).
 
     Raises ``ValueError`` naming the spec field when the spec cannot be served.
     """
     autoscaling = spec.autoscaling
     before = controls_from_status(previous)
-    capacities = {
-        entry.name: entry.kv_capacity_tokens
-        for entry in (previous.replica_status if previous else [])
-        if entry.kv_capacity_tokens is not None
-    }
     if not autoscaling.enabled or autoscaling.prometheus_url is None:
         health = classify_health(enabled=False, reachable=False, signals={}, now=now, stale_after_seconds=0.0)
         controls = plan_controls(
@@ -157,7 +152,6 @@ def step_controls(
             replicas=replicas,
             signals={},
             previous=before,
-            kv_capacity_tokens=capacities,
             health=health,
             now=now,
         )
@@ -174,17 +168,14 @@ def step_controls(
             replicas=replicas,
             signals=memo.signals,
             previous=before,
-            kv_capacity_tokens=capacities,
             health=memo.health,
             now=now,
         )
         return ControlStep(controls, memo.health, memo.signals, stepped=True, next_in=interval)
     kept = {name: before[name] for name in replicas if name in before}
     fresh = [name for name in replicas if name not in before]
-    if fresh:  # new replicas start at the law's initial cap (blind: the floor) until the next step
-        kept |= plan_controls(
-            spec=spec, replicas=fresh, signals={}, previous={}, kv_capacity_tokens={}, health=memo.health, now=now
-        )
+    if fresh:  # new replicas keep the routers' own target until the next step
+        kept |= plan_controls(spec=spec, replicas=fresh, signals={}, previous={}, health=memo.health, now=now)
     return ControlStep(
         kept, memo.health, memo.signals, stepped=False, next_in=max(0.0, interval - (clock - memo.control_at))
     )

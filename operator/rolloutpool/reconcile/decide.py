@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from rolloutpool.api.pods import is_ready, is_terminating
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.api.status import RolloutPoolStatus
+from rolloutpool.api.status import ReplicaTurns, RolloutPoolStatus
 from rolloutpool.autoscale import MetricsHealth, ReplicaControl, ReplicaSignals, classify_health
 from rolloutpool.reconcile.caps import controls_from_status, parse_spec
 from rolloutpool.reconcile.children import desired_engine_pods, needs_update, router_objects
@@ -76,6 +76,8 @@ class RouterView:
     known: bool = True
     engine_warnings: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """What replicas' engines do not report (``NoCachedTokens``, ``PrefixCachingOff``), by replica."""
+    turns: Mapping[str, ReplicaTurns] = field(default_factory=dict)
+    """Held turns, kept and let-go prefixes and moves, by replica (summed over the answering routers)."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,7 @@ def decide(observed: Observed, *, now: float) -> PassDecision:
         router_deployment=observed.deployment,
         router_quarantined=routers.quarantined if routers.reachable else None,
         engine_warnings=routers.engine_warnings,
+        turns=routers.turns,
     )
     return PassDecision(
         status=status,

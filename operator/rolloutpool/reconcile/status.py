@@ -22,7 +22,7 @@ from typing import Any
 
 from rolloutpool.api.pods import is_ready, is_terminating
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, RolloutPoolStatus
+from rolloutpool.api.status import Condition, ConditionStatus, ReplicaStatus, ReplicaTurns, RolloutPoolStatus
 from rolloutpool.autoscale.law import MetricsHealth, ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import estimated_kv_capacity_tokens
 from rolloutpool.reconcile.conditions import EventIntent, events_between, quarantine_detail, set_condition
@@ -134,15 +134,13 @@ def _replica_entry(
     quarantined, reason = False, None
     if control is not None:
         law = {
-            "cap": control.cap,
-            "cap_changed_at": _utc(control.changed_at),
-            "cap_reason": control.reason,
-            "cap_limit": control.limit,
-            "cap_limit_at": _utc(control.limit_at),
+            "target": control.target,
+            "target_changed_at": _utc(control.changed_at),
+            "target_reason": control.reason,
         }
         quarantined, reason = control.quarantined, control.reason if control.quarantined else None
     elif old is not None:
-        law = old.model_dump(include={"cap", "cap_changed_at", "cap_reason", "cap_limit", "cap_limit_at"})
+        law = old.model_dump(include={"target", "target_changed_at", "target_reason"})
     if lifecycle is not None:
         quarantined, reason = True, lifecycle
     return ReplicaStatus(
@@ -271,6 +269,7 @@ def build_status(
     router_quarantined: Mapping[str, str] | None = None,
     router_hold_seconds: float = ROUTER_QUARANTINE_HOLD_SECONDS,
     engine_warnings: Mapping[str, Sequence[str]] | None = None,
+    turns: Mapping[str, ReplicaTurns] | None = None,
 ) -> RolloutPoolStatus:
     """The whole status of a pool from what was observed in this pass (pure).
 
@@ -281,7 +280,8 @@ def build_status(
     ``router_deployment`` the observed router Deployment (``Ready`` needs it available);
     ``router_quarantined`` replica -> reason for the replicas the answering routers quarantine by
     themselves, None when no router answered (see :func:`router_quarantine`).
-    ``engine_warnings`` replica -> what its engine does not report (the routers' view).
+    ``engine_warnings`` replica -> what its engine does not report (the routers' view); ``turns`` replica ->
+    the routers' held turns, kept and let-go prefixes and moves.
     With ``spec_error`` set, ``Ready`` is False with a reason naming the field.
     """
     meta = pool.get("metadata") or {}
@@ -325,6 +325,10 @@ def build_status(
         )
         if engine_warnings and engine_warnings.get(pod_name):
             entries[-1] = entries[-1].model_copy(update={"engine_warnings": list(engine_warnings[pod_name])})
+        counts = (turns or {}).get(pod_name)
+        if counts is not None:
+            update = {"held_turns": counts.held, "kept_sessions": counts.kept, "let_go_sessions": counts.let_go}
+            entries[-1] = entries[-1].model_copy(update=update | {"moves": counts.moves})
 
     verdicts = _verdicts(
         spec=spec,
@@ -356,6 +360,9 @@ def build_status(
         live_sessions=sum(e.live_sessions for e in entries),
         queued_sessions=max(0, queued_sessions),
         quarantined_replicas=sum(1 for e in entries if e.quarantined or e.router_quarantined),
+        held_turns=sum(e.held_turns for e in entries),
+        kept_sessions=sum(e.kept_sessions for e in entries),
+        moves=sum(e.moves for e in entries),
         replica_status=entries,
         conditions=conditions,
     )
