@@ -11,12 +11,14 @@ import orjson
 import pytest
 
 from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica
-from rolloutpool.router.config import resolve_cap
+from rolloutpool.router.config import cap_rule, ledger_config
 from rolloutpool.router.proxy import EventRelay
 from rolloutpool.router.relay import parse_usage
 from rolloutpool.router.scrape import parse_signals
 from rolloutpool.router.sessions import Usage
+from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, SessionKeyError, parse_fields, session_key
+from rolloutpool.routing.workingset import WorkingSetConfig
 from routerkit import MODEL, engines, no_leaked_tasks, router, sse
 
 WORDS = ["the", "agent", "reads", "the", "tool", "output", "and", "decides", "what", "to", "call", "next"]
@@ -47,12 +49,10 @@ def test_config_validation_and_caps() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         RouterConfig(replicas=(ReplicaSpec("a", "http://h:1"), ReplicaSpec("a", "http://h:2")))
     spec = ReplicaSpec("a", "http://h:1")
-    assert resolve_cap(RouterConfig(replicas=(spec,)), spec, capacity_tokens=None) is None
-    assert resolve_cap(RouterConfig(replicas=(spec,), cap=3), spec, capacity_tokens=9999) == 3
-    derived = RouterConfig(replicas=(spec,), max_model_len=512, expected_residency=0.5, headroom=0.1)
-    assert resolve_cap(derived, spec, capacity_tokens=None) == 0
-    assert resolve_cap(derived, spec, capacity_tokens=2048) == 7
-    assert resolve_cap(derived, ReplicaSpec("b", "http://h:2", cap=1), capacity_tokens=2048) == 1
+    assert cap_rule(RouterConfig(replicas=(spec,))) == CapRule()
+    assert cap_rule(RouterConfig(replicas=(spec,), cap=3, cap_ceiling=9)) == CapRule(fixed=3, ceiling=9)
+    assert ledger_config(RouterConfig(replicas=(spec,))).working_set == WorkingSetConfig()  # turns by default
+    assert ledger_config(RouterConfig(replicas=(spec,), turns=None)).working_set is None
 
 
 def test_event_relay_drops_only_the_injected_usage_chunk() -> None:
@@ -98,24 +98,6 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0
     assert signals.preemptions_total == 4.0
     assert signals.kv_cache_usage == 0.5
     assert signals.capacity_tokens == 1600
-    assert signals.itl is None  # no inter-token latency histogram
-
-
-def test_parse_signals_reads_the_inter_token_latency_sum_and_count_newest_name_first() -> None:
-    current = """
-vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 40.0
-vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1.5
-vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
-vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.5
-vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 50.0
-"""
-    assert parse_signals(current).itl == (2.0, 150.0)  # summed over the replica's engines
-    older = """
-vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 3.0
-vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 60.0
-"""
-    assert parse_signals(older).itl == (3.0, 60.0)
-    assert parse_signals(current + older).itl == (2.0, 150.0)  # the newest name wins when both are there
 
 
 # -- over HTTP ---------------------------------------------------------------------------
@@ -145,14 +127,13 @@ async def test_places_new_sessions_least_loaded_under_caps() -> None:
     await no_leaked_tasks()
 
 
-async def test_caps_derived_from_reported_kv_capacity() -> None:
-    async with engines(1, num_gpu_blocks=128, max_model_len=512) as urls, router(urls, max_model_len=512) as rt:
-        # 128 blocks * 16 = 2048 tokens; floor(2048 / (512 * 0.5) * 0.9) = 7
-        assert rt.manager.replica("e0").cap == 7
-        assert await rt.metric("rolloutpool_router_session_cap") == 7
-        # nothing finished yet: the prior, every session at maxModelLen (2048 * 0.9 // 512)
-        assert await rt.metric("rolloutpool_router_measured_session_floor", replica="e0") == 3
-        assert await rt.metric("rolloutpool_router_eviction_budget_scale") == 1.0  # nothing measured: the projection
+async def test_the_working_set_follows_the_reported_kv_capacity() -> None:
+    async with engines(1, num_gpu_blocks=2048, max_model_len=512) as urls, router(urls) as rt:
+        # 2048 blocks * 16 = 32,768 tokens; the budget 0.9 of it; room for 14 first contexts of 2,048
+        assert await rt.metric("rolloutpool_router_working_set_budget_tokens", replica="e0") == 29491
+        assert rt.manager.replica("e0").cap == 14
+        assert await rt.metric("rolloutpool_router_session_cap") == 14
+        assert await rt.metric("rolloutpool_router_held_turns", replica="e0") == 0
     await no_leaked_tasks()
 
 

@@ -82,7 +82,8 @@ async def test_collapsing_cached_tokens_quarantine_the_replica() -> None:
     )
     async with (
         engines(1, num_gpu_blocks=48, max_model_len=512) as urls,
-        router(urls, quarantine=quarantine, queue_timeout_s=0.3, admin_token=TOKEN) as rt,
+        # placement only (no turn scheduling, which would keep A's prefix by holding the turns that evict it)
+        router(urls, quarantine=quarantine, queue_timeout_s=0.3, admin_token=TOKEN, turns=None) as rt,
     ):
         prompts, outputs = {}, {}
         for sid in "ABCDE":  # 5 x 13 blocks do not fit in 47: A's idle prefix is evicted (tail first)

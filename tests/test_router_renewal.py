@@ -196,7 +196,10 @@ def _next(api: str, history: Any, text: str, observation: str) -> Any:
 
 async def _returning_turn(api: str, *, renew_every_s: float | None) -> dict[str, Any]:
     """A turns, idles while six rounds of finished sessions churn the cache, and returns."""
-    async with engines(1, **SMALL_CACHE) as urls, router(urls, renew_every_s=renew_every_s) as rt:
+    async with (
+        engines(1, **SMALL_CACHE) as urls,
+        router(urls, renew_every_s=renew_every_s, turns=None) as rt,
+    ):  # the stock LRU, placement only
         usage, text, history = await _turn(rt, api, "A", _first(api, "a", 180))
         context = usage["prompt_tokens"] + usage["completion_tokens"]
         session = rt.manager.lookup("A")
@@ -339,7 +342,7 @@ def test_cli_refuses_a_non_positive_renewal_period() -> None:
 
 async def test_a_renewal_the_engine_refuses_is_dropped_not_retried() -> None:
     """A turn that filled the context: its renewal is one token too long (400), so the record goes."""
-    async with engines(1, **SMALL_CACHE) as urls, router(urls, renew_every_s=0.05) as rt:
+    async with engines(1, **SMALL_CACHE) as urls, router(urls, renew_every_s=0.05, turns=None) as rt:
         status, body, _ = await rt.complete(words("w", 500), session="S", max_tokens=100)
         assert status == 200
         assert body["choices"][0]["finish_reason"] == "length"

@@ -301,16 +301,17 @@ def test_the_law_holds_through_a_weight_update_and_cuts_without_one() -> None:
     from rolloutpool.autoscale import LawParams, ReplicaControl, ReplicaSignals, decide_replica  # noqa: PLC0415
     from rolloutpool.metrics.promql import assemble_signals, build_queries  # noqa: PLC0415
 
-    params = LawParams(floor=10, ceiling=40)
-    previous = ReplicaControl(cap=30, changed_at=0.0)
+    params = LawParams()
+    previous = ReplicaControl(target=0.9, changed_at=0.0)
     burst = {"kv_usage": 0.9, "waiting": 40.0, "preemptions_per_s": 1.0}
     cut = decide_replica(previous=previous, signals=ReplicaSignals(**burst), params=params, now=1000.0)
-    assert cut.cap < 30
+    assert cut.target is not None
+    assert cut.target < 0.9
     assert cut.quarantined
     held = decide_replica(
         previous=previous, signals=ReplicaSignals(**burst, weight_updates=2.0), params=params, now=1000.0
     )
-    assert (held.cap, held.quarantined, held.reason) == (30, False, "WeightUpdate")
+    assert (held.target, held.quarantined, held.reason) == (0.9, False, "WeightUpdate")
     query = build_queries(namespace="ns", replicas=["a"], window_seconds=120)["weight_updates"]
     assert "increase(vllm:rl_weight_update_operation_duration_seconds_count{" in query
     assert 'operation=~"pause|reset_prefix_cache|update_weights"' in query

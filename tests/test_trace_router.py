@@ -29,7 +29,7 @@ def test_the_router_records_every_turn_the_client_saw(tmp_path: Path) -> None:
         )  # fmt: skip
         url = f"http://127.0.0.1:{router_port}"
         argv = rolloutpool_argv(
-            "router", "--replica", f"e0={engine}", "--port", str(router_port), "--max-model-len", "4096",
+            "router", "--replica", f"e0={engine}", "--port", str(router_port),
             "--trace-file", str(path), "--trace-session-ids", "raw",
         )  # fmt: skip
         router = procs.start("router", argv, ready_url=f"{url}/readyz")
@@ -46,7 +46,7 @@ def test_the_router_records_every_turn_the_client_saw(tmp_path: Path) -> None:
     assert len(result.turns) >= 8
     trace = read_trace(path.read_text().splitlines())
     assert trace.header.clock == "unix"
-    assert trace.header.max_model_len == 4096
+    assert trace.header.max_model_len is None  # the router is not told maxModelLen: the replay takes its own
     assert [(r.name, r.capacity_tokens, r.block_size) for r in trace.replicas] == [("e0", 65536, 16)]
     seen = {(f"t-{t.trajectory}", t.turn): t for t in result.turns}
     recorded = {(t.session, t.turn): t for t in trace.turns}

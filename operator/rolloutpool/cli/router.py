@@ -29,44 +29,34 @@ __all__ = ["router_command"]
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
-@click.option("--max-model-len", type=click.IntRange(min=1), default=None, help="Derive caps from KV capacity.")
-@click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
-@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
-@click.option("--cap-ceiling", type=click.IntRange(min=0), default=None)
 @click.option(
-    "--reprefill-budget",
+    "--target",
+    type=click.FloatRange(0.05, 2.0),
+    default=0.9,
+    show_default=True,
+    help="Share of each replica's KV capacity its working set may fill (generating sessions' contexts and the idle "
+    "prefixes kept): turns of sessions whose prefix was let go wait for room under it.",
+)
+@click.option(
+    "--keep-quantile",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    default=0.9,
+    show_default=True,
+    help="An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from "
+    "the gaps between turns; then it may be let go when room is needed.",
+)
+@click.option(
+    "--hold-limit",
     type=click.FloatRange(min=0),
-    default=2000.0,
-    show_default=True,
-    metavar="TOKENS_PER_S",
-    help="Derived caps admit past the KV projection while the replicas' measured re-prefill of evicted live "
-    "prefixes stays under this (per replica; engine time, so x --time-scale for engine-sims); 0: off.",
-)
-@click.option(
-    "--reprefill-budget-window",
-    type=click.FloatRange(min=0.01),
-    default=60.0,
+    default=300.0,
     show_default=True,
     metavar="SECONDS",
-    help="Window of that measured rate (/ --time-scale for engine-sims).",
+    help="A held turn is served after this long whatever the room (bounded wait).",
 )
+@click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
+@click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
 @click.option(
-    "--step-floor",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="SECONDS",
-    help="An engine step's fixed cost (overhead + one read of the weights, engine seconds): while the engines' mean "
-    "inter-token latency stays under twice it, measured eviction does not stop the budget's rise. Unset: off.",
-)
-@click.option(
-    "--kv-read-cost",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="SECONDS",
-    help="What an engine step spends reading one token's KV (KV bytes per token / HBM bandwidth, engine seconds). "
-    "With --step-floor: a replica whose whole cache reads in under the floor admits up to --cap-ceiling instead of "
-    "by projected KV tokens (eviction there costs re-prefill alone). Unset: off.",
+    "--cap-ceiling", type=click.IntRange(min=0), default=None, help="Hard limit on live sessions per replica."
 )
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
 @click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
@@ -142,15 +132,12 @@ def router_command(
     pool: str | None,
     host: str,
     port: int,
+    target: float,
+    keep_quantile: float,
+    hold_limit: float,
+    no_turn_scheduling: bool,
     cap: int | None,
-    max_model_len: int | None,
-    residency: float,
-    headroom: float,
     cap_ceiling: int | None,
-    reprefill_budget: float,
-    reprefill_budget_window: float,
-    step_floor: float | None,
-    kv_read_cost: float | None,
     idle_timeout: float,
     queue_max: int,
     queue_timeout: float,
@@ -181,8 +168,8 @@ def router_command(
         parse_kv_events_endpoint,
         parse_kv_events_port,
     )
-    from rolloutpool.routing.eviction_budget import EvictionBudgetConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
+    from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
 
     try:
         compat = translate(list(ctx.args))
@@ -206,19 +193,13 @@ def router_command(
             "discovery": discover_namespace is not None,
             "host": host,
             "port": port,
+            "turns": None
+            if no_turn_scheduling
+            else WorkingSetConfig(
+                target=target, limit=max(1.0, target), keep_quantile=keep_quantile, hold_limit_s=hold_limit
+            ),
             "cap": cap,
-            "max_model_len": max_model_len,
-            "expected_residency": residency,
-            "headroom": headroom,
             "cap_ceiling": cap_ceiling,
-            "eviction_budget": EvictionBudgetConfig(
-                reprefill_tokens_per_s=reprefill_budget,
-                window_seconds=reprefill_budget_window,
-                step_floor_seconds=step_floor,
-                kv_read_seconds_per_token=kv_read_cost,
-            )
-            if reprefill_budget > 0
-            else None,
             "idle_timeout_s": idle_timeout,
             "queue_max": queue_max,
             "queue_timeout_s": queue_timeout,

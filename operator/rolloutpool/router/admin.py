@@ -1,11 +1,11 @@
 """The admin API, behind a bearer token: replica state and draining.
 
-- ``GET /admin/replicas``: per replica its URL, live sessions, cap, quarantine and
-  reason, readiness, draining, in-flight requests and the last scraped signals.
+- ``GET /admin/replicas``: per replica its URL, live sessions, cap, working-set target, held turns and kept
+  sessions, quarantine and reason, readiness, draining, in-flight requests and the last scraped signals.
 - ``POST /admin/replicas/{name}/drain`` (``?undo=true`` to undo): no new sessions,
   existing ones stay until released.
 - ``PUT /admin/limits``: the operator's caps and quarantine without Kubernetes. The body is a
-  RolloutPool ``status`` (``{"replicaStatus": [{"name", "index", "cap", "quarantined", "reason"}]}``),
+  RolloutPool ``status`` (``{"replicaStatus": [{"name", "index", "target", "quarantined", "reason"}]}``),
   applied as a whole exactly as the router applies the pool's status when it watches the pool
   (``--pool``): what the benchmark's in-process control loop writes. A body that does not parse
   is a 400 and changes nothing.
@@ -100,14 +100,19 @@ class AdminAPI:
         if (denied := self._denied(request)) is not None:
             return denied
         rows = []
+        work = self.manager.ledger.work
         for replica in self.manager.table.replicas.values():
             runtime = self.manager.runtime[replica.name]
+            scheduled = work if work is not None and replica.name in work.replicas else None
             rows.append(
                 {
                     "name": replica.name,
                     "url": runtime.spec.url,
                     "live_sessions": replica.live,
                     "cap": replica.cap,
+                    "target": scheduled.target_of(replica.name) if scheduled else None,
+                    "held_turns": scheduled.held(replica.name) if scheduled else 0,
+                    "kept_sessions": len(scheduled.replicas[replica.name].idle) if scheduled else 0,
                     "quarantined": replica.quarantined,
                     "quarantine_reason": runtime.pressure.reason,
                     "ready": replica.ready,

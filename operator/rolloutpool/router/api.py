@@ -69,7 +69,7 @@ class SessionAPI:
         if group is not None and not isinstance(group, str):
             return error_response(400, "`group` must be a string.", param="group")
         try:
-            session, created = await self.manager.acquire(sid, group=group or None)
+            session, created = await self.manager.acquire(sid, group=group or None, turns=False)
         except AdmissionError as exc:
             return admission_response(exc, self.manager.config)
         return _json({**self._describe(session), "created": created}, status=201 if created else 200)

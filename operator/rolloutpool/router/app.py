@@ -115,6 +115,7 @@ class RouterService:
                 block_size=config.default_block_size,
             )
             self.metrics.registry.register(self.kv_events.collector())
+            self.manager.resident = self.kv_events.resident_tokens  # turns of let-go sessions still cached: served
 
     # -- lifecycle ---------------------------------------------------------------------
 

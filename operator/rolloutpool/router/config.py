@@ -1,11 +1,11 @@
-"""Router configuration: replicas, caps, session headers, queue, loops, admin and state (frozen).
+"""Router configuration: replicas, the turn scheduler, session headers, queue, loops, admin and state (frozen).
 
 Every knob of ``rolloutpool router`` lives in :class:`RouterConfig`; nothing reads
-the environment behind its back. Caps are either fixed (``cap``, or a replica's own
-``ReplicaSpec.cap``) or derived from each replica's reported KV capacity
-(``vllm:cache_config_info``: ``num_gpu_blocks * block_size``) with
-:func:`rolloutpool.capacity.oversubscribed_cap` when ``max_model_len`` is set; the one function that
-combines them with the operator's is :func:`rolloutpool.routing.caps.effective_cap`.
+the environment behind its back. Turns are scheduled by each replica's working set
+(``turns``, :mod:`rolloutpool.routing.workingset`) over its reported KV capacity
+(``vllm:cache_config_info``: ``num_gpu_blocks * block_size``); live-session caps are only ceilings
+(``cap``, a replica's own ``ReplicaSpec.cap``, ``cap_ceiling``), combined with the operator's by
+:func:`rolloutpool.routing.caps.effective_cap`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from rolloutpool.router.kv_sources import KvEventsSettings
-from rolloutpool.routing.caps import CapRule, effective_cap
-from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
+from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
 from rolloutpool.routing.workingset import WorkingSetConfig
 
-__all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica", "resolve_cap"]
+__all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica"]
 
 
 @dataclass(frozen=True)
@@ -67,23 +66,14 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8080
 
-    # -- caps ------------------------------------------------------------------------
-    cap: int | None = None
-    """Fixed live-session cap per replica; ``None`` derives it (``max_model_len``) or leaves it unlimited."""
-    max_model_len: int | None = None
-    """Set to derive caps from each replica's KV capacity (ignored where a fixed cap applies)."""
-    expected_residency: float = 0.5
-    """Mean resident tokens / ``max_model_len`` of a live session (derived caps)."""
-    headroom: float = 0.1
-    """Fraction of the oversubscribed cap kept free (derived caps)."""
-    cap_ceiling: int | None = None
-    """Hard limit on a derived cap."""
-    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
-    """With derived caps and no operator cap: admit past the KV projection while measured eviction is cheap
-    (:mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
-    turns: WorkingSetConfig | None = None
+    # -- turns and caps --------------------------------------------------------------
+    turns: WorkingSetConfig | None = field(default_factory=WorkingSetConfig)
     """Turn-level scheduling by each replica's working set (:mod:`rolloutpool.routing.workingset`): turns held,
-    idle prefixes kept or let go; with derived caps it replaces the KV projection. None: session caps."""
+    idle prefixes kept or let go, new sessions admitted where their first context fits. None: off (only caps)."""
+    cap: int | None = None
+    """Fixed live-session cap per replica (a ceiling over the working set); ``None``: none."""
+    cap_ceiling: int | None = None
+    """Hard limit on live sessions per replica (``maxSessionsPerReplica``)."""
     co_locate_groups: bool = True
     """Prefer a replica already holding members of the session's group."""
 
@@ -167,10 +157,6 @@ class RouterConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError("max_model_len must be >= 1")
-        if not 0 < self.expected_residency <= 1 or not 0 <= self.headroom < 1:
-            raise ValueError("expected_residency must be in (0, 1] and headroom in [0, 1)")
         positive = (
             "idle_timeout_s",
             "expiry_interval_s",
@@ -205,25 +191,8 @@ class RouterConfig:
 
 
 def cap_rule(config: RouterConfig) -> CapRule:
-    """How this router sets its own caps (the input of :func:`~rolloutpool.routing.caps.effective_cap`)."""
-    return CapRule(
-        fixed=config.cap,
-        max_model_len=config.max_model_len,
-        expected_residency=config.expected_residency,
-        headroom=config.headroom,
-        ceiling=config.cap_ceiling,
-    )
-
-
-def resolve_cap(config: RouterConfig, spec: ReplicaSpec, *, capacity_tokens: int | None) -> int | None:
-    """The router's own live-session cap of one replica, before the operator decides (pure).
-
-    A fixed cap wins (the replica's, then the router's). Otherwise, with
-    ``max_model_len`` set, the cap is derived from the reported KV capacity, and is 0
-    (no new sessions) while the capacity is unknown. Without either, ``cap_ceiling``
-    or unlimited (``None``). A thin wrapper of :func:`~rolloutpool.routing.caps.effective_cap`.
-    """
-    return effective_cap(cap_rule(config), replica_cap=spec.cap, capacity_tokens=capacity_tokens)
+    """How this router limits live sessions (the input of :func:`~rolloutpool.routing.caps.effective_cap`)."""
+    return CapRule(fixed=config.cap, ceiling=config.cap_ceiling)
 
 
 def ledger_config(config: RouterConfig) -> LedgerConfig:
@@ -231,8 +200,7 @@ def ledger_config(config: RouterConfig) -> LedgerConfig:
     return LedgerConfig(
         caps=cap_rule(config),
         quarantine=config.quarantine,
-        eviction_budget=config.eviction_budget,
-        working_set=config.turns if config.max_model_len is not None else None,
+        working_set=config.turns,
         queue_max=config.queue_max,
         default_block_size=config.default_block_size,
     )

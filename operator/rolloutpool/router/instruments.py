@@ -48,9 +48,6 @@ class ReplicaGauges:
     inflight: int
     pressure: str | None = None
     """Why the router's own fast loop quarantines the replica (``Evicting``...); None when it does not."""
-    measured_floor: int | None = None
-    """Sessions the replica holds if each reaches the measured 90th-percentile final context
-    (:meth:`~rolloutpool.routing.ledger.Ledger.measured_floor`); None: not projected (no series)."""
     turns: TurnGauges | None = None
     """The turn scheduler's view of the replica (routing/workingset.py); None without it."""
 
@@ -65,19 +62,15 @@ class TurnGauges:
     kept: int
     let_go: int
     decisions: dict[str, int]
-    """Cumulative counts by decision: held, resumed, forced, let_go."""
+    """Cumulative counts by decision: held, resumed, forced, let_go, moved."""
+    let_go_reprefill: int = 0
+    """Tokens re-prefilled by sessions whose prefix the working set let go (cumulative)."""
 
 
 class _TableCollector(Collector):
-    def __init__(
-        self,
-        replicas: Callable[[], Iterable[ReplicaGauges]],
-        queue_depth: Callable[[], int],
-        budget_scale: Callable[[], float | None],
-    ) -> None:
+    def __init__(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
         self._replicas = replicas
         self._queue_depth = queue_depth
-        self._budget_scale = budget_scale
 
     def collect(self) -> Iterator[Metric]:
         gauges = {
@@ -96,12 +89,6 @@ class _TableCollector(Collector):
                 "1 for the reason the router's own fast loop quarantines the replica (the operator's quarantine "
                 "not included), 0 for the other reasons",
                 labels=["replica", "reason"],
-            ),
-            "measured_floor": GaugeMetricFamily(
-                f"{PREFIX}measured_session_floor",
-                "Sessions the replica's KV cache holds if each reaches the 90th percentile of finished sessions' "
-                "final contexts (the control law's slow start jumps to it); absent while unknown",
-                labels=["replica"],
             ),
         }
         turns: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
@@ -135,6 +122,12 @@ class _TableCollector(Collector):
                 "at the hold limit), let_go (an idle prefix dropped from the working set)",
                 labels=["replica", "decision"],
             ),
+            "let_go_reprefill": CounterMetricFamily(
+                f"{PREFIX}let_go_reprefilled_tokens",
+                "Tokens re-prefilled by returning sessions whose prefix the working set had let go (by decision; "
+                "rolloutpool_router_reprefilled_tokens_total counts the evicted prefixes it kept)",
+                labels=["replica"],
+            ),
         }
         seen_turns = False
         for r in self._replicas():
@@ -149,14 +142,13 @@ class _TableCollector(Collector):
                 turns["let_go"].add_metric([r.name], t.let_go)
                 for decision, count in t.decisions.items():
                     turns["decisions"].add_metric([r.name, decision], count)
+                turns["let_go_reprefill"].add_metric([r.name], t.let_go_reprefill)
             gauges["live_sessions"].add_metric([r.name], r.live)
             gauges["session_cap"].add_metric([r.name], math.inf if r.cap is None else r.cap)
             gauges["quarantined"].add_metric([r.name], float(r.quarantined))
             gauges["ready"].add_metric([r.name], float(r.ready))
             gauges["draining"].add_metric([r.name], float(r.draining))
             gauges["inflight"].add_metric([r.name], r.inflight)
-            if r.measured_floor is not None:
-                gauges["measured_floor"].add_metric([r.name], r.measured_floor)
             reasons: list[str] = list(PRESSURE_REASONS)
             if r.pressure is not None and r.pressure not in reasons:
                 reasons.append(r.pressure)  # a reason added later is exposed, not hidden
@@ -168,15 +160,6 @@ class _TableCollector(Collector):
         depth = GaugeMetricFamily(f"{PREFIX}queue_depth", "New sessions waiting for a slot")
         depth.add_metric([], self._queue_depth())
         yield depth
-        scale = self._budget_scale()
-        if scale is not None:
-            budget = GaugeMetricFamily(
-                f"{PREFIX}eviction_budget_scale",
-                "Factor on every replica's KV budget in admission: above 1 while measured eviction of live prefixes "
-                "is cheap (routing/eviction_budget.py); absent without KV admission",
-            )
-            budget.add_metric([], scale)
-            yield budget
 
 
 class RouterMetrics:
@@ -211,7 +194,7 @@ class RouterMetrics:
         )
         self.reprefilled_tokens = Counter(
             f"{PREFIX}reprefilled_tokens",
-            "Cached tokens returning sessions lost to eviction (re-prefilled)",
+            "Cached tokens returning sessions lost to eviction (re-prefilled) although the router kept their prefix",
             ["replica"],
             registry=r,
         )
@@ -247,14 +230,9 @@ class RouterMetrics:
             registry=r,
         )
 
-    def watch(
-        self,
-        replicas: Callable[[], Iterable[ReplicaGauges]],
-        queue_depth: Callable[[], int],
-        budget_scale: Callable[[], float | None] = lambda: None,
-    ) -> None:
+    def watch(self, replicas: Callable[[], Iterable[ReplicaGauges]], queue_depth: Callable[[], int]) -> None:
         """Expose table gauges read at scrape time."""
-        self.registry.register(_TableCollector(replicas, queue_depth, budget_scale))
+        self.registry.register(_TableCollector(replicas, queue_depth))
 
     def render(self) -> bytes:
         """The text exposition."""

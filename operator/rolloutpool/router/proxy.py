@@ -340,13 +340,12 @@ class Proxy:
         if self._pool is None:
             raise RuntimeError("the proxy serves only between startup and cleanup")
         data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
+        headers = _forward_headers(request)
+        if body.key is not None and self.config.session_header not in request.headers:  # vLLM stamps KV events with it
+            headers.append((self.config.session_header, body.key))
         try:
             upstream = await self._pool.request(
-                self.manager.runtime[replica].spec.url,
-                request.method,
-                request.raw_path,
-                _forward_headers(request),
-                data,
+                self.manager.runtime[replica].spec.url, request.method, request.raw_path, headers, data
             )
         except TimeoutError:
             return self._failed(session, "timeout", 504, f"Replica {replica} did not answer within the timeout.")

@@ -41,8 +41,6 @@ class ScrapedSignals:
     num_gpu_blocks: int | None = None
     prefix_caching: bool | None = None
     """``enable_prefix_caching`` of ``vllm:cache_config_info`` (None: not reported)."""
-    itl: tuple[float, float] | None = None
-    """The inter-token latency histogram's ``(sum, count)`` over the replica's engines (None: not reported)."""
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -64,28 +62,21 @@ class ScrapedSignals:
             "num_gpu_blocks": self.num_gpu_blocks,
             "capacity_tokens": self.capacity_tokens,
             "prefix_caching": None if self.prefix_caching is None else float(self.prefix_caching),
-            "itl_seconds_total": None if self.itl is None else self.itl[0],
-            "itl_count_total": None if self.itl is None else self.itl[1],
         }
 
 
-(_ITL_SUM, _ITL_COUNT), *_ITL_OLDER = vm.INTER_TOKEN_LATENCY_SAMPLES
 _SUMMED = {
     vm.NUM_REQUESTS_WAITING: "waiting",
     vm.NUM_REQUESTS_RUNNING: "running",
     vm.NUM_PREEMPTIONS_SAMPLES[0]: "preemptions_total",
     vm.PREFIX_CACHE_QUERIES_SAMPLES[0]: "prefix_cache_queries_total",
     vm.PREFIX_CACHE_HITS_SAMPLES[0]: "prefix_cache_hits_total",
-    _ITL_SUM: "itl_seconds_total",
-    _ITL_COUNT: "itl_count_total",
 }
 _LEGACY = {
     # older vLLM releases: the V1 engine's first names, and counters exposed without ``_total``
     **dict.fromkeys(vm.PREFIX_CACHE_QUERIES_SAMPLES[1:], "prefix_cache_queries_total"),
     **dict.fromkeys(vm.PREFIX_CACHE_HITS_SAMPLES[1:], "prefix_cache_hits_total"),
     **dict.fromkeys(vm.NUM_PREEMPTIONS_SAMPLES[1:], "preemptions_total"),
-    **{older_sum: "itl_seconds_total" for older_sum, _ in _ITL_OLDER},
-    **{older_count: "itl_count_total" for _, older_count in _ITL_OLDER},
 }
 """Read only when the current name of the same signal is absent from the scrape."""
 
@@ -162,14 +153,11 @@ def parse_signals(text: str) -> ScrapedSignals:
     for key, value in legacy.items():
         if key not in seen:
             sums[key] = value
-    itl_sum, itl_count = sums.pop("itl_seconds_total"), sums.pop("itl_count_total")
-    reported = "itl_count_total" in seen | legacy_seen  # the histogram under either name (else no latency)
     return ScrapedSignals(
         kv_cache_usage=usage if usage is not None else legacy_usage,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         prefix_caching=prefix_caching,
-        itl=(itl_sum, itl_count) if reported else None,
         **sums,
     )
 
@@ -233,7 +221,6 @@ class Scraper:
             preemptions_total=signals.preemptions_total,
             waiting=signals.waiting,
             kv_usage=signals.kv_cache_usage,
-            itl=signals.itl,
         )
         self.manager.set_ready(name, True)
 

@@ -127,10 +127,11 @@ class SessionManager:
         """Called with the id of each session that stops being live (released, expired, its replica gone)."""
         self.trace: TraceWriter | None = None
         """The turn trace (``--trace-file``), fed from acquire, finish_turn and releases."""
+        self.resident: Callable[[str, str], int | None] = lambda _replica, _sid: None
+        """(replica, session) -> its context still cached there, from the engines' KV events (None: unknown)."""
         for spec in config.replicas:
             self.add_replica(spec)
-        budget = self.ledger.budget
-        metrics.watch(self._gauges, lambda: len(self.ledger.queue), lambda: None if budget is None else budget.scale)
+        metrics.watch(self._gauges, lambda: len(self.ledger.queue))
 
     @property
     def table(self) -> SessionTable:
@@ -259,20 +260,27 @@ class SessionManager:
         for r in self.table.replicas.values():
             own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
             pressure = (own.pressure.reason or "Unknown") if own and own.pressure.quarantined else None
-            floor = self.ledger.measured_floor(r.name)
             turns = None
             if work is not None and r.name in work.replicas:
                 w = work.replicas[r.name]
                 decisions = {"held": w.holds, "resumed": w.resumes, "forced": w.forced, "let_go": w.lets_go}
                 budget = w.budget(work.config.target)
-                turns = TurnGauges(w.counted, budget, len(w.held), w.kept, len(w.out), decisions)
-            yield ReplicaGauges(
-                r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, floor, turns
-            )
+                turns = TurnGauges(
+                    w.counted,
+                    budget,
+                    len(w.held),
+                    w.kept,
+                    len(w.out),
+                    decisions,
+                    self.ledger.let_go_reprefill.get(r.name, 0),
+                )
+            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, turns)
 
     # -- placement and admission -------------------------------------------------------
 
-    async def acquire(self, session_id: str, *, group: str | None, ephemeral: bool = False) -> tuple[Session, bool]:
+    async def acquire(
+        self, session_id: str, *, group: str | None, ephemeral: bool = False, turns: bool = True
+    ) -> tuple[Session, bool]:
         """The session's binding, placing it (and waiting in the queue) when new; returns (session, created).
 
         An existing session returns to its replica unless that replica is gone or not
@@ -280,7 +288,10 @@ class SessionManager:
         a session id) is released when its turn ends. Raises :class:`AdmissionError`.
         """
         arrived = self.clock()
-        decision = self.ledger.arrive(Placement(session_id=session_id, group=group), now=arrived, one_turn=ephemeral)
+        live = self.ledger.lookup(session_id)
+        resident = None if live is None else self.resident(live.replica, session_id)
+        placement = Placement(session_id=session_id, group=group, resident_tokens=resident, turns=turns)
+        decision = self.ledger.arrive(placement, now=arrived, one_turn=ephemeral)
         self._dispatch()
         if isinstance(decision, Bound):
             if self.trace is not None:
@@ -299,7 +310,7 @@ class SessionManager:
         session = await self._wait(decision.ticket, session_id, ephemeral=ephemeral)
         if not self.is_current(session) or session.replica not in self.runtime:
             # re-bound (snapshot restore) or its replica left between admission and now
-            return await self.acquire(session_id, group=group, ephemeral=ephemeral)
+            return await self.acquire(session_id, group=group, ephemeral=ephemeral, turns=turns)
         if self.trace is not None:
             self.trace.arrived(session_id, now=arrived, group=group)
         return session, True
@@ -502,12 +513,11 @@ class SessionManager:
         preemptions_total: float,
         waiting: float,
         kv_usage: float | None = None,
-        itl: tuple[float, float] | None = None,
     ) -> None:
-        """Feed a scrape's pressure signals to the replica's quarantine state (and the eviction budget)."""
+        """Feed a scrape's pressure signals to the replica's fast quarantine."""
         now = self.clock()
         self.ledger.observe_scrape(
-            name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage, itl=itl
+            name, now=now, preemptions_total=preemptions_total, waiting=waiting, kv_usage=kv_usage
         )
         self._dispatch()
 

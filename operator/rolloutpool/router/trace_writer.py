@@ -199,5 +199,4 @@ def trace_writer(config: RouterConfig, *, now: float) -> TraceWriter:
         max_bytes=config.trace_max_bytes,
         now=now,
         session_ids=config.trace_session_ids,
-        max_model_len=config.max_model_len,
     )
