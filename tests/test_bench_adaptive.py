@@ -7,8 +7,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl, cheap_cache_reads
-from rolloutpool.capacity import oversubscribed_cap
+from rolloutpool.autoscale import RATE_WINDOW_SECONDS, ReplicaControl
 from rolloutpool.dev.bench.adaptive import (
     AdaptiveLaw,
     EngineScrape,
@@ -29,10 +28,10 @@ from rolloutpool.dev.bench.sweep_report import (
     write_combined_outputs,
     write_sweep_outputs,
 )
-from rolloutpool.engine.model.cost import CostModel
-from rolloutpool.reconcile.caps import DEFAULT_CEILING, law_params
+from rolloutpool.reconcile.caps import law_params
 from rolloutpool.reconcile.control import spec_window_seconds
-from rolloutpool.sim.adaptive import AdaptiveCaps
+from rolloutpool.routing.workingset import WorkingSetConfig
+from rolloutpool.sim.adaptive import AdaptiveTargets
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.workload import scenario
 from routerkit import engines, router
@@ -57,25 +56,19 @@ rolloutpool_router_live_sessions{replica="r1"} 13.0
 rolloutpool_router_reprefilled_tokens_total{replica="r0"} 5000.0
 rolloutpool_router_reprefilled_tokens_created{replica="r0"} 1.7e+09
 rolloutpool_router_queue_depth 9.0
+rolloutpool_router_held_turns{replica="r0"} 3.0
 """
 
 
-DEAR_KV, DEAR_LEN = 262144, 32768
-"""A cache whose whole read costs more than a read of the weights (not ``cheap_cache_reads``): floor 8, start 14."""
+KV, MAX_LEN = 65536, 8192
+"""The bench's default fleet."""
 
 
-def _spec(time_scale: float = 10.0, *, kv_capacity_tokens: int = DEAR_KV, max_model_len: int = DEAR_LEN) -> object:
-    return bench_pool_spec(
-        replicas=2,
-        max_model_len=max_model_len,
-        kv_capacity_tokens=kv_capacity_tokens,
-        expected_residency=0.5,
-        headroom=0.1,
-        time_scale=time_scale,
-    )
+def _spec(time_scale: float = 10.0) -> object:
+    return bench_pool_spec(replicas=2, max_model_len=MAX_LEN, kv_capacity_tokens=KV, time_scale=time_scale)
 
 
-def _engine(*, usage: float, capacity: int = DEAR_KV, itl: tuple[float, float] | None = None) -> EngineScrape:
+def _engine(*, usage: float, capacity: int = KV) -> EngineScrape:
     return EngineScrape(
         kv_usage=usage,
         waiting=0.0,
@@ -83,7 +76,6 @@ def _engine(*, usage: float, capacity: int = DEAR_KV, itl: tuple[float, float] |
         prefix_hits_total=0.0,
         prefix_queries_total=0.0,
         kv_capacity_tokens=capacity,
-        itl=itl,
     )
 
 
@@ -100,11 +92,12 @@ def test_engine_scrape_reads_the_series_the_operator_queries() -> None:
     assert parse_engine_scrape("") == EngineScrape(None, None, 0.0, 0.0, 0.0, None)
 
 
-def test_router_scrape_reads_live_sessions_live_reprefill_and_the_queue() -> None:
+def test_router_scrape_reads_live_sessions_kept_reprefill_held_turns_and_the_queue() -> None:
     scrape = parse_router_scrape(ROUTER_TEXT)
     assert scrape.live_sessions == {"r0": 14, "r1": 13}
     assert scrape.reprefilled_tokens_total == {"r0": 5000.0}  # not the _created sample
     assert scrape.queue_depth == 9
+    assert scrape.held_turns == {"r0": 3}
 
 
 def test_rate_over_needs_two_points_and_survives_a_counter_reset() -> None:
@@ -114,53 +107,15 @@ def test_rate_over_needs_two_points_and_survives_a_counter_reset() -> None:
     assert rate_over(deque([(3.0, 1.0), (3.0, 2.0)])) is None
 
 
-def test_the_bench_pool_is_the_operators_law_with_the_residency_start() -> None:
+def test_the_bench_pool_is_the_operators_law_starting_at_the_routers_target() -> None:
     spec = _spec()
-    params = law_params(spec=spec, kv_capacity_tokens=DEAR_KV)  # type: ignore[arg-type]
-    assert params.floor == 8
-    assert (
-        params.initial
-        == 14
-        == oversubscribed_cap(
-            capacity_tokens=DEAR_KV, max_model_len=DEAR_LEN, expected_residency=0.5, headroom=0.1, ceiling=None
-        )
-    )
-    assert not cheap_cache_reads(params)  # 262,144 tokens x 144 KiB read at 3 TB/s: 12.9 ms over a 9.5 ms floor
+    params = law_params(spec=spec)  # type: ignore[arg-type]
+    assert params.initial == 0.9 == WorkingSetConfig().target
     law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
     assert law.interval_s == 15.0
     assert law.window_s == 120.0  # the law's two minutes of engine time: the simulated seconds the bench steps in
     start = law.start(now=0.0)
-    assert {c.cap for c in start.values()} == {params.initial}
-    assert [c.replica for c in law.changes] == ["r0", "r1"]
-
-
-def test_the_bench_default_fleet_reads_its_cache_cheaply_and_starts_at_the_ceiling() -> None:
-    spec = _spec(kv_capacity_tokens=65536, max_model_len=8192)  # bench's defaults
-    params = law_params(spec=spec, kv_capacity_tokens=65536)  # type: ignore[arg-type]
-    assert params.step_floor_seconds == CostModel().fixed_step_seconds  # the engine-sims' H100 preset
-    assert params.cache_read_seconds is not None
-    assert params.cache_read_seconds < 0.55 * params.step_floor_seconds  # 0.51 on the calibrated H100 preset
-    assert cheap_cache_reads(params)
-    law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
-    assert {c.cap for c in law.start(now=0.0).values()} == {DEFAULT_CEILING}  # no maxSessionsPerReplica
-    floor = params.step_floor_seconds
-    live = RouterScrape(live_sessions={"r0": 24, "r1": 24}, reprefilled_tokens_total={"r0": 0.0}, queue_depth=0)
-
-    def engines(tokens: float, step: float) -> dict[str, EngineScrape]:
-        return {n: _engine(usage=0.3, capacity=65536, itl=(tokens * step, tokens)) for n in ("r0", "r1")}
-
-    law.step(now=15.0, engines=engines(0.0, floor), router=live)
-    # r0's live sessions re-prefill 5,000 tokens/s (the threshold is 2,000) in steps at 1.5 floors: no pressure
-    evicting = replace(live, reprefilled_tokens_total={"r0": 5000.0 * 15})
-    held = law.step(now=30.0, engines=engines(15_000.0, 1.5 * floor), router=evicting)
-    assert held["r0"].cap == DEFAULT_CEILING
-    assert law.cuts == 0
-    # the same eviction while the mean step over the window is 2.25 floors (re-prefill costs compute now): a cut
-    evicting = replace(live, reprefilled_tokens_total={"r0": 5000.0 * 30})
-    cut = law.step(now=45.0, engines=engines(30_000.0, 2.25 * floor), router=evicting)
-    assert cut["r0"].cap < DEFAULT_CEILING
-    assert cut["r0"].reason == "Evicting"
-    assert law.cuts == 1
+    assert {c.target for c in start.values()} == {None}  # no signal yet: the routers keep their own target
 
 
 def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None:
@@ -168,7 +123,7 @@ def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None
     spec = _spec(time_scale=10.0)
     bench = AdaptiveLaw(spec=spec, names=["r0"])  # type: ignore[arg-type]
     fleet = FleetConfig(scenario=scenario("agentic-grpo"), in_flight=8, replicas=1, num_gpu_blocks=4096)
-    simulated = AdaptiveCaps.for_fleet(fleet, ["r0"], capacity_tokens=65536, cost=CostModel())
+    simulated = AdaptiveTargets.for_fleet(fleet, ["r0"], capacity_tokens=65536)
     engine_seconds = {bench.window_s, simulated.params.rate_window_seconds}
     assert engine_seconds == {RATE_WINDOW_SECONDS}
     real = spec.model_copy(update={"engine": spec.engine.model_copy(update={"simulator": None})})  # type: ignore[attr-defined]
@@ -176,29 +131,30 @@ def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None
     assert spec_window_seconds(_spec(time_scale=2.0)) == RATE_WINDOW_SECONDS / 2.0  # engines twice as fast
 
 
-def test_the_law_raises_a_binding_cap_with_room_and_cuts_on_live_reprefill() -> None:
+def test_the_law_raises_the_target_while_turns_wait_and_cuts_it_on_kept_prefixes_lost() -> None:
     law = AdaptiveLaw(spec=_spec(), names=["r0", "r1"])  # type: ignore[arg-type]
-    initial = law.start(now=0.0)["r0"].cap
-    engines_low = {"r0": _engine(usage=0.2), "r1": _engine(usage=0.2)}
-    busy = RouterScrape(live_sessions={"r0": initial, "r1": initial}, reprefilled_tokens_total={}, queue_depth=5)
-    controls = law.step(now=15.0, engines=engines_low, router=busy)
-    assert controls["r0"].cap > initial  # binding, queue waiting, KV far from the target: the slow start
-    assert law.raises == 2
-    assert law.cuts == 0
-    raised = controls["r0"].cap
-    idle = RouterScrape(live_sessions={"r0": 1, "r1": 1}, reprefilled_tokens_total={}, queue_depth=0)
-    assert law.step(now=90.0, engines=engines_low, router=idle)["r0"].cap == raised  # nobody waits: holds
-    # live sessions lose prefixes fast: far over the law's 2,000 tokens/s, a severe cut on r0 only
-    storm = {"r0": 0.0, "r1": 0.0}
-    law.step(now=180.0, engines=engines_low, router=RouterScrape({"r0": raised, "r1": 1}, storm, 0))
+    law.start(now=0.0)
+    engines = {"r0": _engine(usage=0.5), "r1": _engine(usage=0.5)}
+    waiting = RouterScrape(
+        live_sessions={"r0": 10, "r1": 10}, reprefilled_tokens_total={}, queue_depth=0, held_turns={"r0": 2, "r1": 0}
+    )
+    controls = law.step(now=15.0, engines=engines, router=waiting)
+    assert controls["r0"].target == 0.92  # turns held, nothing presses: raised from the initial target
+    assert controls["r1"].target == 0.9  # nothing waits there: held
+    assert law.step(now=30.0, engines=engines, router=waiting)["r0"].target == 0.92  # the cooldown
+    assert law.step(now=90.0, engines=engines, router=waiting)["r0"].target == 0.94
+    assert law.raises == 1  # a move from the routers' own target (None) is no raise
+    # kept prefixes lost fast on r0: far over the law's 2,000 tokens/s, a cut and a quarantine on r0 only
+    law.step(now=180.0, engines=engines, router=RouterScrape({"r0": 10, "r1": 10}, {"r0": 0.0, "r1": 0.0}, 0))
     storm = {"r0": 30 * 20_000.0, "r1": 0.0}
-    after = law.step(now=210.0, engines=engines_low, router=RouterScrape({"r0": raised, "r1": 1}, storm, 0))
-    assert after["r0"].cap < raised
-    assert after["r0"].reason == "Evicting"
-    assert after["r1"].cap == raised
+    after = law.step(now=210.0, engines=engines, router=RouterScrape({"r0": 10, "r1": 10}, storm, 0))
+    assert after["r0"].target is not None
+    assert after["r0"].target < 0.94
+    assert (after["r0"].reason, after["r0"].quarantined) == ("Evicting", True)
+    assert after["r1"].target == 0.9
     assert law.cuts == 1
     summary = law.summary()
-    assert summary["steps"] == 4
+    assert summary["steps"] == 5
     assert summary["cuts"] == 1
 
 
@@ -216,13 +172,13 @@ def test_a_replica_without_a_scrape_is_unobserved_not_blind() -> None:
 
 def test_status_document_is_what_the_operator_writes() -> None:
     controls = {
-        "r0": ReplicaControl(cap=12, quarantined=True, reason="Evicting"),
-        "r1": ReplicaControl(cap=20, reason="Raised"),
+        "r0": ReplicaControl(target=0.81, quarantined=True, reason="Evicting"),
+        "r1": ReplicaControl(target=0.92, reason="Raised"),
     }
     assert status_document(["r0", "r1", "r2"], controls) == {
         "replicaStatus": [
-            {"name": "r0", "index": 0, "cap": 12, "quarantined": True, "reason": "Evicting"},
-            {"name": "r1", "index": 1, "cap": 20, "quarantined": False, "reason": None},
+            {"name": "r0", "index": 0, "target": 0.81, "quarantined": True, "reason": "Evicting"},
+            {"name": "r1", "index": 1, "target": 0.92, "quarantined": False, "reason": None},
         ]
     }
 
@@ -240,12 +196,9 @@ def test_adaptive_router_gets_the_admin_token_file() -> None:
     )
     argv = our_router_argv(launch, prefix=["rolloutpool"])
     assert argv[argv.index("--admin-token-file") + 1] == "/run/token"
-    assert "--step-floor" not in argv  # none given
-    floored = our_router_argv(replace(launch, step_floor_seconds=0.0095), prefix=["rolloutpool"])
-    assert floored[floored.index("--step-floor") + 1] == "0.0095"
-    assert "--kv-read-cost" not in floored
-    read = our_router_argv(replace(launch, kv_read_seconds_per_token=4.9152e-08), prefix=["rolloutpool"])
-    assert read[read.index("--kv-read-cost") + 1] == "4.9152e-08"
+    assert argv[argv.index("--hold-limit") + 1] == "30"  # 300 engine seconds at 10x: wall seconds
+    overhead = our_router_argv(replace(launch, max_model_len=None), prefix=["rolloutpool"])
+    assert "--no-turn-scheduling" in overhead  # the overhead measurement: placement only
 
 
 def test_queued_mean_integrates_the_wait_for_a_first_response_inside_the_window() -> None:
@@ -275,7 +228,7 @@ def _config(scenario_name: str) -> dict[str, object]:
 
 
 def test_ratios_are_over_sticky_least_loaded_at_the_same_point(tmp_path: Path) -> None:
-    law = {"cuts": 2, "raises": 5, "quarantines": 1, "mean_final_cap": 17.5}
+    law = {"cuts": 2, "raises": 5, "quarantines": 1, "mean_final_target": 0.88}
     short, grpo = _config("short-burst"), _config("agentic-grpo")
     points = [
         SweepPoint("short-burst", 1.0, BenchResult(short, [_run(BASELINE, 100.0), _run(ADAPTIVE, 90.0, law=law)], [])),
@@ -307,9 +260,9 @@ async def test_put_admin_limits_applies_a_pool_status_and_rejects_anything_else(
         auth = {"Authorization": f"Bearer {TOKEN}"}
         document = {
             "replicaStatus": [
-                {"name": "e0", "index": 0, "cap": 3, "quarantined": False},
-                {"name": "e1", "index": 1, "cap": 5, "quarantined": True, "reason": "Evicting"},
-                {"name": "ghost", "index": 2, "cap": 1},
+                {"name": "e0", "index": 0, "target": 0.7, "quarantined": False},
+                {"name": "e1", "index": 1, "target": 0.8, "quarantined": True, "reason": "Evicting"},
+                {"name": "ghost", "index": 2, "target": 0.9},
             ]
         }
         status, body = await rt.request("PUT", "/admin/limits", json=document)
@@ -318,13 +271,14 @@ async def test_put_admin_limits_applies_a_pool_status_and_rejects_anything_else(
         assert status == 200
         assert body == {"applied": 3, "unknown": ["ghost"]}
         replicas = {r.name: r for r in rt.manager.table.replicas.values()}
-        assert (replicas["e0"].cap, replicas["e0"].quarantined) == (3, False)
-        assert (replicas["e1"].cap, replicas["e1"].quarantined) == (5, True)
-        for bad in (b"not json", b'{"replicaStatus": [{"name": "e0", "cap": -1}]}'):
+        work = rt.manager.ledger.work
+        assert (work.replicas["e0"].target, replicas["e0"].quarantined) == (0.7, False)
+        assert (work.replicas["e1"].target, replicas["e1"].quarantined) == (0.8, True)
+        for bad in (b"not json", b'{"replicaStatus": [{"name": "e0", "target": -1}]}'):
             status, body = await rt.request("PUT", "/admin/limits", data=bad, headers=auth)
             assert status == 400
             assert "error" in body
-        assert rt.manager.table.replicas["e0"].cap == 3  # a rejected body changed nothing
+        assert work.replicas["e0"].target == 0.7  # a rejected body changed nothing
 
 
 def test_median_rows_take_each_runs_own_ratio_then_the_median(tmp_path: Path) -> None:

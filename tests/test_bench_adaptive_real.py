@@ -1,8 +1,8 @@
-"""``rolloutpool-adaptive`` on real processes: the operator's law moves the router's caps.
+"""``rolloutpool-adaptive`` on real processes: the operator's law moves the router's working-set targets.
 
 Two engine-sims and our router on free loopback ports, a small short-context load, the
-bench's law loop in this process: the law raises the binding caps (KV far from full, sessions
-queued) and the router holds exactly what the law wrote. Every process is stopped by the
+bench's law loop in this process: the law raises the targets (sessions queue or turns wait, nothing
+presses) and the router holds exactly what the law wrote. Every process is stopped by the
 ``ProcessSet`` even when an assertion fails.
 """
 
@@ -26,21 +26,22 @@ from rolloutpool.dev.processes import pid_alive
 from rolloutpool.sim.workload import scenario
 
 TIME_SCALE = 50.0
-KV_TOKENS = 262144
-MAX_MODEL_LEN = 32768
-"""Floor 8 and a residency start of 14, on a cache whose whole read costs more than the weights' (a cheaper one,
-the bench's default 65,536 tokens, starts at the ceiling: ``rolloutpool.autoscale.cheap_cache_reads``)."""
+KV_TOKENS = 32768
+MAX_MODEL_LEN = 8192
+"""A cache that 48 short-burst rollouts fill: sessions queue for room, so the law raises the targets."""
 
 
-async def _drive(loop: LawLoop, router_url: str, token: str) -> tuple[dict[str, int], dict[str, int], int]:
-    """Run client and law until the law has raised; return the law's caps, the router's, and the start cap."""
+async def _drive(
+    loop: LawLoop, router_url: str, token: str
+) -> tuple[dict[str, float | None], dict[str, float | None], float | None]:
+    """Run client and law until the law has raised; return the law's targets, the router's, and the start."""
     workload = scaled_scenario(scenario("short-burst"), context_scale=1.0, max_model_len=MAX_MODEL_LEN)
     client = ClientConfig(
         base_url=router_url, scenario=workload, seed=0, in_flight=48, duration_s=20.0, time_scale=TIME_SCALE
     )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         await loop.start(http)
-        initial = loop.law.controls["r0"].cap
+        initial = loop.law.controls["r0"].target
         law_task = asyncio.create_task(loop.run(http))
         client_task = asyncio.create_task(run_client(client))
         try:
@@ -54,14 +55,14 @@ async def _drive(loop: LawLoop, router_url: str, token: str) -> tuple[dict[str, 
         assert await loop.write(http)  # the law's last decision, written after its loop stopped
         async with http.get(f"{router_url}/admin/replicas", headers={"Authorization": f"Bearer {token}"}) as resp:
             assert resp.status == 200
-            held = {row["name"]: row["cap"] for row in (await resp.json())["replicas"]}
+            held = {row["name"]: row["target"] for row in (await resp.json())["replicas"]}
         client_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await client_task
-    return {n: c.cap for n, c in loop.law.controls.items()}, held, initial
+    return {n: c.target for n, c in loop.law.controls.items()}, held, initial
 
 
-def test_the_law_raises_caps_that_the_router_then_holds(tmp_path: Path) -> None:
+def test_the_law_raises_targets_that_the_router_then_holds(tmp_path: Path) -> None:
     with ProcessSet(tmp_path / "logs") as procs:
         urls = []
         for i in range(2):
@@ -90,18 +91,16 @@ def test_the_law_raises_caps_that_the_router_then_holds(tmp_path: Path) -> None:
             replicas=2,
             max_model_len=MAX_MODEL_LEN,
             kv_capacity_tokens=KV_TOKENS,
-            expected_residency=0.5,
-            headroom=0.1,
             time_scale=TIME_SCALE,
         )
         loop = LawLoop.for_router(spec, urls, router_url=router_url, admin_token=token)
-        caps, held, initial = asyncio.run(_drive(loop, router_url, token))
+        targets, held, initial = asyncio.run(_drive(loop, router_url, token))
         pids = procs.pids
-    assert initial == 14  # the spec's residency cap: floor 8 / 0.5 x 0.9
+    assert initial is None  # before any metric the law publishes nothing: the router's own 0.9 applies
     assert loop.law.raises > 0
     assert loop.law.steps > 0
-    assert all(cap > initial for cap in caps.values()), caps
-    assert held == caps  # the router holds the caps the law wrote
+    assert any(t is not None and t > spec.concurrency.working_set_target for t in targets.values()), targets
+    assert held == targets  # the router holds the targets the law wrote
     assert loop.write_failures == 0
     assert {"Raised"} <= {c.reason for c in loop.law.changes}
     assert not any(pid_alive(pid) for pid in pids)

@@ -31,10 +31,8 @@ def test_operator_pass_times_every_pure_decision() -> None:
     assert result["pass_cpu_ms_median"] > 0
 
 
-def test_router_scrape_renders_a_router_that_measures_its_floor() -> None:
+def test_router_scrape_renders_a_router_with_its_working_sets() -> None:
     result = router_scrape(replicas=10, sessions=300)
     assert result["sessions"] == 300
-    assert result["measured_floor"] is not None  # the floor's censored quantile ran (256 finished, live ones early)
-    assert result["measured_floor"] > 0
     figures = result["metrics_render_cpu_ms"]
     assert 0 <= figures["p50"] <= figures["max"]

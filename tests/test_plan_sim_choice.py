@@ -28,10 +28,10 @@ def test_refine_fills_halfway_to_the_best_caps_neighbours() -> None:
 
 def test_fleet_point_takes_the_best_cap_and_its_plateau() -> None:
     p = fleet_point(replicas=2, in_flight=100, floor=10, fixed={10: 50.0, 30: 99.5, 52: 100.0, 40: 100.0},
-                    adaptive=(98.0, 33.5), uncapped=90.0)  # fmt: skip
+                    adaptive=(98.0, 0.88), uncapped=90.0)  # fmt: skip
     assert (p.best_cap, p.tokens_per_s, p.plateau_cap) == (40, 100.0, 30)  # a tie goes to the smaller cap
     assert p.tokens_per_s_per_replica == 50.0
-    assert (p.adaptive_tokens_per_s, p.adaptive_mean_cap, p.uncapped_tokens_per_s) == (98.0, 33.5, 90.0)
+    assert (p.adaptive_tokens_per_s, p.adaptive_mean_target, p.uncapped_tokens_per_s) == (98.0, 0.88, 90.0)
     assert list(p.fixed) == [10, 30, 40, 52]
     with pytest.raises(ValueError, match="no fixed-cap run"):
         fleet_point(replicas=2, in_flight=100, floor=10, fixed={})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request
@@ -134,10 +136,8 @@ def test_a_renewal_never_caches_its_sampled_token_under_the_chain_hash() -> None
 
 
 def _fleet(renew: float | None) -> FleetConfig:
-    return FleetConfig(
-        scenario=scenario("agentic-grpo"), in_flight=22, replicas=2, duration_s=600,
-        expected_residency=1.0, headroom=0.0, renew_every_s=renew, kv_admission=False,  # the floor as a count cap
-    )  # fmt: skip
+    base = FleetConfig(scenario=scenario("agentic-grpo"), in_flight=22, replicas=2, duration_s=600)
+    return replace(base, renew_every_s=renew, fixed_cap=fleet_floor(base) // 2)  # the floor as a count cap
 
 
 def test_at_residency_one_lru_evicts_live_prefixes_and_renewal_stops_it() -> None:

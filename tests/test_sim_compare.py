@@ -11,7 +11,6 @@ from rolloutpool.sim.compare import (
     NO_EVICTION,
     CompareRow,
     best_fixed,
-    budgets_markdown,
     compare_jobs,
     every_session_resident,
     load_rows,
@@ -49,19 +48,18 @@ def test_best_fixed_ignores_adaptive_runs_and_keeps_the_best_cap_per_point() -> 
 def test_summary_gives_the_ratios_and_names_quarantines_without_measured_eviction() -> None:
     rows = [
         _row("sticky-least-loaded", 1000.0, vs=1.0),
-        _row("router-alone", 1200.0, vs=1.2, quarantines=3, evicted=5000),
-        _row("kv-projection", 1150.0, vs=1.15, quarantines=3, evicted=6000),
-        _row("fixed-cap", 1100.0, vs=1.1, quarantines=2),
+        _row("rolloutpool", 1200.0, vs=1.2, quarantines=3, evicted=5000),
+        _row("fixed-cap:26", 1100.0, vs=1.1, quarantines=2),
         _row("adaptive", 1250.0, vs=1.25, quarantines=4, evicted=2_000_000),
         _row(NO_EVICTION, 1400.0, vs=1.4),
     ]
     table = summary_markdown(rows, {("bimodal", 3.0, 0): (26, 1300.0)})
     line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3:] == ["1,000", "10.0", "1.200", "1.150", "1.100", "1.250", "4", "2.00", "2", "26 (1,300)",
-                         "1.300", "1.400", "0.962", "0.923"]  # fmt: skip
-    assert "1 of 6 runs; bimodal 3x seed 0 fixed-cap (2)" in table
-    assert "26 (" not in summary_markdown(rows)  # no sweep: no best fixed cap
+    assert cells[3:] == ["1,000", "10.0", "1.200", "10.0", "1.250", "2", "26 (1,300)", "1.300", "1.400",
+                         "0.857", "0.923"]  # fmt: skip
+    assert "1 of 5 runs; bimodal 3x seed 0 fixed-cap:26 (2)" in table
+    assert "(1,300)" not in summary_markdown(rows)  # no sweep: no best fixed cap
 
 
 def test_the_table_of_files_split_by_variant_counts_their_shared_baseline_once(
@@ -69,12 +67,12 @@ def test_the_table_of_files_split_by_variant_counts_their_shared_baseline_once(
 ) -> None:
     base = _row("sticky-least-loaded", 1000.0, vs=1.0)
     first, second = tmp_path / "router.json", tmp_path / "adaptive.json"
-    first.write_text(rows_json([base, _row("router-alone", 1010.0, vs=1.01)], {}))
+    first.write_text(rows_json([base, _row("rolloutpool", 1010.0, vs=1.01)], {}))
     second.write_text(rows_json([base, _row("adaptive", 1250.0, vs=1.25, quarantines=1)], {}))
     compare_main([str(first), str(second)])
     table = capsys.readouterr().out
     line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
-    assert [c.strip() for c in line.strip("|").split("|")][5:9] == ["1.010", "", "", "1.250"]
+    assert [c.strip() for c in line.strip("|").split("|")][5:8] == ["1.010", "10.0", "1.250"]
     assert "1 of 3 runs; bimodal 3x seed 0 adaptive (1)" in table
 
 
@@ -90,43 +88,27 @@ def test_the_no_eviction_bound_is_sticky_least_loaded_on_a_pool_that_holds_every
     assert sticky.config.num_gpu_blocks == 16_384
 
 
-def test_a_kv_budget_variant_is_the_projection_alone_at_its_headroom_and_growth_share() -> None:
-    assert variant("kv-budget:-0.2:0.3") == (
-        "rolloutpool", {"kv_admission": True, "eviction_budget": None, "headroom": -0.2, "growth_share": 0.3}
-    )  # fmt: skip
-    assert variant("kv-budget:0.1:0.1")[1] | {"headroom": 0.1} == variant("kv-projection")[1] | {
-        "headroom": 0.1, "growth_share": 0.1,
-    }  # fmt: skip
+def test_fixed_cap_and_turns_variants() -> None:
+    assert variant("fixed-cap:26") == ("rolloutpool", {"fixed_cap": 26})
+    policy, changes = variant("turns:target=0.95:keep_quantile=0.8")
+    assert policy == "rolloutpool"
+    assert (changes["working_set"].target, changes["working_set"].keep_quantile) == (0.95, 0.8)
     base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
-    ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["kv-budget:-0.2:0.3"])
-    assert label == "kv-budget:-0.2:0.3"
-    assert (job.config.headroom, job.config.growth_share, job.config.eviction_budget) == (-0.2, 0.3, None)
+    ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["fixed-cap:12"])
+    assert label == "fixed-cap:12"
+    assert job.config.fixed_cap == 12
 
 
 @pytest.mark.parametrize(
     ("label", "message"),
     [
-        ("kv-budgets:0:0.1", "unknown variant"),
-        ("kv-budget:0.1", "two numbers"),
-        ("kv-budget:a:0.1", "two numbers"),
-        ("kv-budget:1.0:0.1", "HEADROOM must lie in (-1, 1)"),
-        ("kv-budget:0:1.5", "SHARE in [0, 1]"),
+        ("kv-budget:0:0.1", "unknown variant"),
+        ("fixed-cap:0", "positive whole number"),
+        ("fixed-cap:a", "fixed-cap:a"),
+        ("turns:target=2.5", "target"),
+        ("turns:nope=1", "nope"),
     ],
 )
 def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(ValueError, match=message):
         variant(label)
-
-
-def test_the_budgets_table_gives_the_best_kv_budget_against_the_best_fixed_cap() -> None:
-    rows = [
-        _row("sticky-least-loaded", 1000.0, vs=1.0),
-        _row("kv-budget:0.1:0.1", 1100.0, vs=1.1),
-        _row("kv-budget:-0.2:0.3", 1210.0, vs=1.21),
-        _row("adaptive", 1240.0, vs=1.24),
-    ]
-    table = budgets_markdown(rows, {("bimodal", 3.0, 0): (26, 1250.0)})
-    line = next(x for x in table.splitlines() if x.startswith("| bimodal"))
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3:] == ["1,000", "10.0", "1.250", "1.240", "2", "-0.2:0.3", "1.210", "0.968"]
-    assert "| bimodal" not in budgets_markdown(rows[:1] + rows[3:])  # no budget ran: no line

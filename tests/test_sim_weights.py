@@ -33,9 +33,10 @@ def test_announced_updates_flush_every_cache_and_raise_no_false_alarm(policy: st
 
 def test_unannounced_updates_show_what_they_would_cost() -> None:
     result = simulate_policy(_config(2.0, WeightUpdateConfig(every_s=300.0, load_s=20.0, excuse=False)), "rolloutpool")
-    assert result.update_false_evicted_tokens == result.update_reprefill_tokens
     assert result.update_false_evicted_tokens is not None
-    assert result.update_false_evicted_tokens > 0
+    assert result.update_reprefill_tokens is not None
+    # every flushed prefix the router still kept reads as eviction; those it had let go re-prefill as planned
+    assert 0 < result.update_false_evicted_tokens <= result.update_reprefill_tokens
     assert result.update_false_quarantines is not None
     assert result.update_false_quarantines > 0
 

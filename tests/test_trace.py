@@ -208,21 +208,17 @@ def test_a_trace_becomes_trajectories_in_start_order() -> None:
 
 
 def test_a_synthetic_trace_replayed_under_the_same_policy_reproduces_the_run() -> None:
-    # the projection alone, without the eviction budget: its factor follows the re-prefill rate measured over
-    # time, so a replay's closed loop (admitting at slightly different moments) moves it, and with it which
-    # turns find their prefix evicted (+2.8 % cached tokens, +41 % re-prefill); this checks the replay itself
     config = FleetConfig(
         scenario=scenario("tool-chat"),
         in_flight=40,
         replicas=2,
         num_gpu_blocks=4096,
         duration_s=400.0,
-        eviction_budget=None,
     )
     original, lines = synthesize(config, "rolloutpool")
     text = [encode_line(line).decode() for line in lines]
     trace = read_trace(text)
-    again = replay_config(trace, base=FleetConfig(scenario=config.scenario, in_flight=1, eviction_budget=None))
+    again = replay_config(trace, base=FleetConfig(scenario=config.scenario, in_flight=1))
     assert (again.replicas, again.num_gpu_blocks, again.in_flight) == (2, 4096, 40)
     result = compare(replay(trace, again, "rolloutpool"))
     total = result["total"]

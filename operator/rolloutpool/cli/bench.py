@@ -177,8 +177,6 @@ def _simulate(
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed (same for every router).")
 @click.option("--engine-seed", type=int, default=0, show_default=True)
-@click.option("--residency", type=click.FloatRange(0.01, 1.0), default=0.5, show_default=True)
-@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.1, show_default=True)
 @click.option(
     "--scrape-interval",
     type=click.FloatRange(min=0.05),
@@ -231,8 +229,6 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     loads: tuple[float, ...],
     seed: int,
     engine_seed: int,
-    residency: float,
-    headroom: float,
     scrape_interval: float,
     queue_timeout: float,
     vllm_router_bin: str,
@@ -283,8 +279,6 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
                 load=load,
                 seed=seed,
                 engine_seed=engine_seed,
-                residency=residency,
-                headroom=headroom,
                 scrape_interval_s=scrape_interval,
                 queue_timeout_s=queue_timeout,
                 vllm_router_bin=vllm_router_bin,

@@ -132,8 +132,8 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @click.option("--seed", "seeds", type=int, multiple=True, help="Default: 0.")
 @click.option(
     "--variant", "variants", multiple=True,
-    help="Default: all named ones (sticky-least-loaded is always run). Also kv-budget:HEADROOM:SHARE, a fixed KV "
-    "budget (1 - HEADROOM of the KV capacity; negative oversubscribes) with SHARE of each session's growth projected.",
+    help="Default: all named ones (sticky-least-loaded is always run). Also fixed-cap:N (a fixed session cap, no "
+    "turn scheduling) and turns:KEY=VALUE:... (the turn scheduler with other targets, e.g. turns:target=0.95).",
 )  # fmt: skip
 @click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)

@@ -46,8 +46,6 @@ _console = Console()
 @click.option(
     "--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all, rolloutpool-adaptive too."
 )
-@click.option("--residency", type=click.FloatRange(min=0.01, max=1.0), default=0.5, show_default=True)
-@click.option("--headroom", type=click.FloatRange(min=0.0, max=0.9), default=0.1, show_default=True)
 @click.option(
     "--renew-every",
     "renew_every_s",
@@ -108,8 +106,6 @@ def simulate(
     duration_s: float,
     loads: tuple[float, ...],
     policies: tuple[str, ...],
-    residency: float,
-    headroom: float,
     renew_every_s: float | None,
     weight_update_every_s: float | None,
     weight_update_load_s: float,
@@ -167,8 +163,6 @@ def simulate(
         replicas=replicas,
         duration_s=duration_s,
         seed=seed,
-        expected_residency=residency,
-        headroom=headroom,
         renew_every_s=renew_every_s,
         weight_updates=None
         if weight_update_every_s is None
@@ -198,7 +192,7 @@ def simulate(
         _console.print(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"scenario": chosen.name, "replicas": replicas, "hardware": hardware.gpu, "duration_s": duration_s,
-            "seed": seed, "residency": residency, "headroom": headroom, "wall_s": wall,
+            "seed": seed, "wall_s": wall,
             **run_meta(hardware, runs)}  # fmt: skip
     if renew_every_s is not None:
         meta["renew_every_s"] = renew_every_s

@@ -59,20 +59,15 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.
                 "kvCapacityTokens": 32768,
                 "simulator": {"hardware": "h100-80gb", "timeScale": time_scale},
             },
-            # these engine-sims read their whole cache (32,768 tokens) in a sixth of a step's floor, so the law
-            # starts at its ceiling (autoscale.cheap_cache_reads): 16 sessions per replica, the demo's 48 rollouts
-            # over 3 replicas, so the demo shows the overshoot, the cut and the quarantine on a readable scale.
-            # (1.0 would start a pool whose cache reads are dear at the conservative floor, 4.)
-            "concurrency": {"expectedResidency": 1.0, "headroom": 0.1, "maxSessionsPerReplica": 16},
+            # the routers schedule turns so each replica's working set fits 90 % of its cache (the law tunes it);
+            # 16 sessions per replica at most, the demo's 48 rollouts over 3 replicas
+            "concurrency": {"workingSetTarget": 0.9, "maxSessionsPerReplica": 16},
             "router": {"replicas": 1, "idleTimeoutSeconds": 30, "queueTimeoutSeconds": 30},
             "autoscaling": {
                 "enabled": True,
                 "prometheusUrl": prometheus_url,
                 "intervalSeconds": 5,
                 "cooldownSeconds": 10,
-                # big raises overshoot into eviction within the demo's minute and a half, so the
-                # quarantine (which the law keeps for severe pressure) shows reliably
-                "increaseStep": 8,
             },
             "updateStrategy": {"drainTimeoutSeconds": 60},
         },
@@ -87,14 +82,18 @@ def pool_table(pool: dict[str, Any]) -> Group:
         f"  live {status.get('liveSessions', 0)}  queued {status.get('queuedSessions', 0)}"
         f"  quarantined {status.get('quarantinedReplicas', 0)}"
     )
-    replicas = Table("replica", "ready", "live", "cap", "KV usage", "quarantined", "reason", box=None)
+    replicas = Table(
+        "replica", "ready", "live", "target", "held", "kept", "KV usage", "quarantined", "reason", box=None
+    )
     for r in status.get("replicaStatus") or []:
         usage = r.get("kvUsage")
         replicas.add_row(
             r.get("name", "?"),
             "yes" if r.get("ready") else "no",
             str(r.get("liveSessions", 0)),
-            str(r.get("cap", "-")),
+            "-" if r.get("target") is None else f"{r['target']:.0%}",
+            str(r.get("heldTurns", 0)),
+            str(r.get("keptSessions", 0)),
             "-" if usage is None else f"{usage:.0%}",
             _quarantine_cell(r),
             r.get("reason") or r.get("routerReason") or "",
@@ -144,16 +143,16 @@ def _plot(phases: DemoPhases, out: Path) -> Path:
     series: dict[str, dict[str, list[float]]] = {}
     for sample in phases.samples:
         for r in sample["replicas"]:
-            s = series.setdefault(r["name"], {"t": [], "live": [], "cap": [], "q": []})
+            s = series.setdefault(r["name"], {"t": [], "live": [], "held": [], "q": []})
             s["t"].append(sample["t"])
             s["live"].append(r.get("liveSessions", 0))
-            s["cap"].append(r.get("cap") or 0)
+            s["held"].append(r.get("heldTurns") or 0)
             s["q"].append(1.0 if r.get("quarantined") or r.get("routerQuarantined") else 0.0)
     fig, axes = plt.subplots(len(series) or 1, 1, figsize=(9, 2.2 * max(1, len(series))), sharex=True, squeeze=False)
     for ax, (name, s) in zip(axes[:, 0], sorted(series.items()), strict=False):
         ax.plot(s["t"], s["live"], label="live sessions")
-        ax.step(s["t"], s["cap"], where="post", label="cap")
-        top = max([*s["live"], *s["cap"], 1])
+        ax.step(s["t"], s["held"], where="post", label="held turns")
+        top = max([*s["live"], *s["held"], 1])
         ax.fill_between(s["t"], 0, [q * top for q in s["q"]], step="post", alpha=0.2, color="red", label="quarantined")
         ax.set_title(name, fontsize=9)
         for label, t in phases.marks.items():

@@ -1,19 +1,18 @@
-"""Side-by-side comparison of our caps against sticky least-loaded, per scenario, load and seed.
+"""Side-by-side comparison of our router against sticky least-loaded, per scenario, load and seed.
 
 Each (scenario, load, seed) runs the same trajectories under every variant: vllm-router's sticky
-least-loaded (no cap), our router alone with its default admission (projected KV tokens, past which
-the eviction budget admits while measured eviction is cheap, under the session-count cap), the same
-without the eviction budget (the projection alone), our router with the session-count cap alone (the
-fixed default cap), the operator's adaptive law, and a bound: sticky least-loaded on a KV pool that
-holds every session in flight at maxModelLen. Nothing is evicted there, so no cap serves more with
-that placement on the same compute (a placement may: ours co-locates GRPO groups and serves up to
-1 % more where nothing is evicted); where the bound is far under 1.25x of sticky least-loaded, no
-policy reaches the issue's 1.25.
+least-loaded (no cap), our router (turn-level scheduling by each replica's working set,
+``rolloutpool``), the same under the operator's law tuning each replica's target (``adaptive``), a
+fixed session cap without turn scheduling (``fixed-cap:N``: the mechanism the working set replaced;
+the best such cap in hindsight comes from ``simulate-caps``), the scheduler with other targets
+(``turns:target=0.95:keep_quantile=0.8``), and a bound: sticky least-loaded on a KV pool that holds
+every session in flight at maxModelLen. Nothing is evicted there, so no scheduler serves more with
+that placement on the same compute (a placement may: ours co-locates GRPO groups).
 
 The table gives each variant's throughput over sticky least-loaded's, the share of sticky
-least-loaded's prefill that was re-prefill of evicted context (where caps should win), and the fast
-loop's quarantines with the evicted re-prefill of live sessions they reacted to (a quarantine with
-none measured fired on noise).
+least-loaded's prefill that was re-prefill of evicted context (where scheduling should win), and the
+fast loop's quarantines with the evicted re-prefill of kept prefixes they reacted to (a quarantine
+with none measured fired on noise).
 """
 
 from __future__ import annotations
@@ -34,12 +33,11 @@ from rolloutpool.sim.workload import scenario
 
 __all__ = [
     "BASELINE",
-    "KV_BUDGET",
     "NO_EVICTION",
+    "OURS",
     "VARIANTS",
     "CompareRow",
     "best_fixed",
-    "budgets_markdown",
     "compare_jobs",
     "compare_rows",
     "every_session_resident",
@@ -54,39 +52,40 @@ __all__ = [
 BASELINE = "sticky-least-loaded"
 NO_EVICTION = "no-eviction"
 """Sticky least-loaded where nothing is evicted: the most any cap could serve with its placement."""
+OURS = "rolloutpool"
+"""Our router alone: turn-level scheduling with its default targets."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     BASELINE: (BASELINE, {}),
-    "router-alone": ("rolloutpool", {"kv_admission": True}),
-    "kv-projection": ("rolloutpool", {"kv_admission": True, "eviction_budget": None}),
-    "fixed-cap": ("rolloutpool", {"kv_admission": False}),
+    OURS: ("rolloutpool", {}),
     "adaptive": (ADAPTIVE, {}),
-    "turns": ("rolloutpool", {"working_set": WorkingSetConfig()}),
     NO_EVICTION: (BASELINE, {}),
 }
-"""Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`."""
-KV_BUDGET = "kv-budget"
-"""``kv-budget:HEADROOM:SHARE``: the projection alone (no eviction budget) with a fixed KV budget, ``1 - HEADROOM``
-of each replica's KV capacity (a negative headroom oversubscribes it), each live session projected with ``SHARE``
-of its expected remaining growth: the KV-token counterpart of a fixed session-count cap, for hindsight sweeps."""
+"""Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
+Also ``fixed-cap:N`` and ``turns:KEY=VALUE:...`` (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
-    """The policy and FleetConfig changes of a variant label (pure); ValueError names what is wrong."""
+    """The policy and FleetConfig changes of a variant label (pure); ValueError names what is wrong.
+
+    ``fixed-cap:N``: our router with a fixed cap of N live sessions per replica and no turn scheduling;
+    ``turns:KEY=VALUE:...``: our router with these :class:`~rolloutpool.routing.workingset.WorkingSetConfig` fields.
+    """
     if label in VARIANTS:
         return VARIANTS[label]
     name, _, rest = label.partition(":")
-    if name == "turns":
-        values: dict[str, Any] = {k: float(v) for k, v in (part.split("=", 1) for part in rest.split(":") if part)}
-        return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
-    if name != KV_BUDGET:
-        raise ValueError(f"unknown variant {label!r}; choose from {', '.join(VARIANTS)} or {KV_BUDGET}:HEADROOM:SHARE")
     try:
-        headroom, share = (float(x) for x in rest.split(":"))
-    except ValueError:
-        raise ValueError(f"variant {label!r}: expected {KV_BUDGET}:HEADROOM:SHARE, two numbers") from None
-    if not -1.0 < headroom < 1.0 or not 0.0 <= share <= 1.0:
-        raise ValueError(f"variant {label!r}: HEADROOM must lie in (-1, 1) and SHARE in [0, 1]")
-    return "rolloutpool", {"kv_admission": True, "eviction_budget": None, "headroom": headroom, "growth_share": share}
+        if name == "fixed-cap":
+            cap = int(rest)
+            if cap < 1:
+                raise ValueError
+            return "rolloutpool", {"fixed_cap": cap}
+        if name == "turns":
+            values: dict[str, Any] = {k: float(v) for k, v in (part.split("=", 1) for part in rest.split(":") if part)}
+            return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"variant {label!r}: {str(exc) or 'N must be a positive whole number'}") from None
+    known = ", ".join(VARIANTS)
+    raise ValueError(f"unknown variant {label!r}; choose from {known}, fixed-cap:N or turns:KEY=VALUE:...")
 
 
 def every_session_resident(config: FleetConfig) -> FleetConfig:
@@ -238,42 +237,36 @@ def _by_point(rows: Iterable[CompareRow]) -> dict[tuple[str, float, int], dict[s
 def summary_markdown(
     rows: list[CompareRow], best: dict[tuple[str, float, int], tuple[int, float]] | None = None
 ) -> str:
-    """The issue-15 table: one line per (scenario, load, seed), every variant over sticky least-loaded (pure).
+    """One line per (scenario, load, seed), every variant over sticky least-loaded (pure).
 
-    With ``best`` (:func:`best_fixed`), the best fixed cap in hindsight and the adaptive law and the router alone
-    over it; with ``NO_EVICTION`` rows, the bound no cap passes with sticky least-loaded's placement.
-    Ends with the fast-quarantine check: every run that quarantined measured evicted re-prefill of live sessions.
+    With ``best`` (:func:`best_fixed`), the best fixed cap in hindsight and our router over it; with ``NO_EVICTION``
+    rows, the bound no scheduler passes with sticky least-loaded's placement, and ours over it. Ends with the
+    fast-quarantine check: every run that quarantined measured evicted re-prefill of kept prefixes.
     """
     points = _by_point(rows)
     best = best or {}
     lines = [
-        "| scenario | load | seed | sticky LL tok/s | LL evicted % | router alone / LL | projection only / LL "
-        "| fixed cap / LL | adaptive / LL | adaptive fast quar. | adaptive live re-prefill Mtok | law cuts "
-        "| best fixed cap (tok/s) | best fixed / LL | no-eviction bound / LL | adaptive / best fixed "
-        "| router alone / best fixed |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| scenario | load | seed | sticky LL tok/s | LL evicted % | ours / LL | ours evicted % | adaptive / LL "
+        "| adaptive law cuts | best fixed cap (tok/s) | best fixed / LL | no-eviction bound / LL | ours / bound "
+        "| ours / best fixed |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for key, by in points.items():
-        base, kv, projection, fixed, adaptive, bound = (
-            by.get(v) for v in (BASELINE, "router-alone", "kv-projection", "fixed-cap", "adaptive", NO_EVICTION)
-        )
+        base, ours, adaptive, bound = (by.get(v) for v in (BASELINE, OURS, "adaptive", NO_EVICTION))
         if base is None:
             continue
         cap, tokens = best.get(key, (None, None))
         cells = [
             key[0], f"{key[1]:g}x", str(key[2]), f"{base.tokens_per_s:,.0f}", f"{100 * base.evicted_share:.1f}",
-            "" if kv is None else f"{kv.vs_baseline:.3f}",
-            "" if projection is None else f"{projection.vs_baseline:.3f}",
-            "" if fixed is None else f"{fixed.vs_baseline:.3f}",
+            "" if ours is None else f"{ours.vs_baseline:.3f}",
+            "" if ours is None else f"{100 * ours.evicted_share:.1f}",
             "" if adaptive is None else f"{adaptive.vs_baseline:.3f}",
-            "" if adaptive is None else str(adaptive.fast_quarantines),
-            "" if adaptive is None else f"{adaptive.evicted_reprefill_tokens / 1e6:.2f}",
             "" if adaptive is None or adaptive.law_cuts is None else str(adaptive.law_cuts),
             "" if cap is None or tokens is None else f"{cap} ({tokens:,.0f})",
             "" if tokens is None else _ratio(tokens, base.tokens_per_s),
             "" if bound is None else f"{bound.vs_baseline:.3f}",
-            "" if adaptive is None else _ratio(adaptive.tokens_per_s, tokens),
-            "" if kv is None else _ratio(kv.tokens_per_s, tokens),
+            "" if bound is None or ours is None else _ratio(ours.tokens_per_s, bound.tokens_per_s),
+            "" if ours is None else _ratio(ours.tokens_per_s, tokens),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     noisy = [r for r in rows if r.fast_quarantines > 0 and r.evicted_reprefill_tokens == 0]
@@ -285,49 +278,10 @@ def summary_markdown(
     return "\n".join(lines) + "\n\n" + check + "\n"
 
 
-def budgets_markdown(
-    rows: list[CompareRow], best: dict[tuple[str, float, int], tuple[int, float]] | None = None
-) -> str:
-    """Fixed KV budgets (``kv-budget:H:S`` rows) beside the best fixed session cap, per point (pure).
-
-    One line per (scenario, load, seed) with KV-budget rows: the best of them in hindsight over sticky
-    least-loaded and over the best fixed cap (``best``, :func:`best_fixed`), and the adaptive law's where it ran.
-    """
-    points = _by_point(rows)
-    best = best or {}
-    lines = [
-        "| scenario | load | seed | sticky LL tok/s | LL evicted % | best fixed cap / LL | adaptive / LL "
-        "| KV budgets run | best KV budget (headroom:share) | best KV budget / LL | best KV budget / best fixed cap |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|",
-    ]
-    for key, by in points.items():
-        base = by.get(BASELINE)
-        budgets = [r for label, r in by.items() if label.startswith(KV_BUDGET + ":")]
-        if base is None or not budgets:
-            continue
-        top = max(budgets, key=lambda r: r.tokens_per_s)
-        adaptive = by.get("adaptive")
-        tokens = best.get(key, (None, None))[1]
-        cells = [
-            key[0], f"{key[1]:g}x", str(key[2]), f"{base.tokens_per_s:,.0f}", f"{100 * base.evicted_share:.1f}",
-            "" if tokens is None else _ratio(tokens, base.tokens_per_s),
-            "" if adaptive is None else f"{adaptive.vs_baseline:.3f}",
-            str(len(budgets)), top.variant.removeprefix(KV_BUDGET + ":"), f"{top.vs_baseline:.3f}",
-            "" if tokens is None else _ratio(top.tokens_per_s, tokens),
-        ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def _main(argv: list[str]) -> None:
-    """``python -m rolloutpool.sim.compare [--budgets] COMPARE.json... [--caps SWEEP.json...]``: a table on stdout.
-
-    The summary table, or with ``--budgets`` the fixed KV budgets' (:func:`budgets_markdown`).
-    """
+    """``python -m rolloutpool.sim.compare COMPARE.json... [--caps SWEEP.json...]``: the summary table on stdout."""
     from pathlib import Path  # noqa: PLC0415
 
-    budgets = "--budgets" in argv
-    argv = [a for a in argv if a != "--budgets"]
     split = argv.index("--caps") if "--caps" in argv else len(argv)
     unique: dict[tuple[str, float, int, str], CompareRow] = {}
     for path in argv[:split]:  # files of one sweep split by variant each hold the baseline: count it once
@@ -338,7 +292,7 @@ def _main(argv: list[str]) -> None:
     for path in argv[split + 1 :]:
         for r in json.loads(Path(path).read_text())["runs"].values():
             runs.append((r["scenario"], r["load"], r["seed"], r["cap"], r["row"]["tokens_per_s"]))
-    sys.stdout.write((budgets_markdown if budgets else summary_markdown)(rows, best_fixed(runs)))
+    sys.stdout.write(summary_markdown(rows, best_fixed(runs)))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from rolloutpool.autoscale import LawParams
 from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.engine.model.request import DEFAULT_MAX_NUM_SEQS
-from rolloutpool.routing.admission_kv import GROWTH_SHARE
-from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.weights import WeightUpdateConfig
@@ -17,7 +15,7 @@ from rolloutpool.sim.workload import Scenario
 __all__ = ["ADAPTIVE", "FleetConfig"]
 
 ADAPTIVE = "rolloutpool-adaptive"
-"""Our placement with the operator's control law setting caps and quarantine from scraped signals."""
+"""Our router with the operator's control law tuning each replica's working-set target from scraped signals."""
 
 
 @dataclass(frozen=True)
@@ -35,20 +33,11 @@ class FleetConfig:
     max_num_batched_tokens: int = 8192
     duration_s: float = 7200.0
     seed: int = 0
-    expected_residency: float = 0.5
-    headroom: float = 0.1
-    kv_admission: bool = True
-    """Our policy also admits a new session only while its replica's projected KV tokens fit (the router's
-    default); False: by the session-count cap alone (the fixed cap from ``expected_residency``)."""
-    growth_share: float = GROWTH_SHARE
-    """Share of its expected remaining growth our policy projects a live session with (KV admission)."""
-    eviction_budget: EvictionBudgetConfig | None = field(default_factory=EvictionBudgetConfig)
-    """Our policy's KV admission also admits past its projection while measured eviction is cheap (the router's
-    default, :mod:`rolloutpool.routing.eviction_budget`); None: the projection alone."""
-    working_set: WorkingSetConfig | None = None
-    """Our policy schedules turns by each replica's working set (routing/workingset.py); None: session caps."""
+    working_set: WorkingSetConfig | None = field(default_factory=WorkingSetConfig)
+    """Our policy schedules turns by each replica's working set (routing/workingset.py, the router's default)."""
     fixed_cap: int | None = None
-    """Override the residency-derived cap of capped policies (hindsight sweeps)."""
+    """Our policy with this fixed live-session cap and no turn scheduling instead (hindsight sweeps: the best fixed
+    cap is a peer)."""
     co_locate_groups: bool = True
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
@@ -60,6 +49,6 @@ class FleetConfig:
     renew_every_s: float | None = None
     """Our policy renews an idle live session's prefix every this many seconds (None: no renewal)."""
     law: LawParams | None = None
-    """The adaptive policy's law; None: defaults with floor = KV capacity // maxModelLen, ceiling = max_num_seqs."""
+    """The adaptive policy's law; None: the operator's defaults, starting at the working set's target."""
     weight_updates: WeightUpdateConfig | None = None
     """The weight-update scenario (pause, flush, resume every ``every_s``); None: no updates."""

@@ -15,7 +15,6 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rolloutpool.autoscale import initial_cap
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.hashing import SegmentChain
@@ -27,7 +26,7 @@ from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_p
 from rolloutpool.routing.quarantine import expected_cached_tokens
 from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import Session
-from rolloutpool.sim.adaptive import AdaptiveCaps
+from rolloutpool.sim.adaptive import AdaptiveTargets
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.renewal import SimRenewals
 from rolloutpool.sim.results import RunResult, Sample, summarize
@@ -97,32 +96,14 @@ class _Fleet:
         self.block_size = ecfg.block_size
         self.names = [f"r{i}" for i in range(config.replicas)]
         self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
-        self.law = AdaptiveCaps.for_fleet(config, self.names, self.capacity, cost=ecfg.cost) if adaptive else None
-        ours = isinstance(policy, SessionAware)  # the router we ship: its caps and its fast quarantine
-        rule = CapRule()  # the peers' policies: no caps
-        if ours:
-            rule = CapRule(
-                fixed=None if self.law is not None else config.fixed_cap or None,
-                max_model_len=config.scenario.max_model_len,
-                expected_residency=config.expected_residency,
-                headroom=config.headroom,
-                kv_admission=config.kv_admission,
-                growth_share=config.growth_share,
-            )
-        quarantine = config.quarantine if ours else None
-        budget = config.eviction_budget if ours else None
-        if budget is not None and budget.step_floor_seconds is None:  # as the operator passes them for engine-sims
-            budget = replace(
-                budget,
-                step_floor_seconds=ecfg.cost.fixed_step_seconds,
-                kv_read_seconds_per_token=ecfg.cost.kv_read_seconds(1),
-            )
+        self.law = AdaptiveTargets.for_fleet(config, self.names, self.capacity) if adaptive else None
+        ours = isinstance(policy, SessionAware)  # the router we ship: its turn scheduling and its fast quarantine
+        fixed = config.fixed_cap if ours and self.law is None else None  # a fixed cap replaces the turn scheduling
         self.ledger = Ledger(
             LedgerConfig(
-                caps=rule,
-                quarantine=quarantine,
-                eviction_budget=budget,
-                working_set=config.working_set if ours else None,
+                caps=CapRule(fixed=fixed),
+                quarantine=config.quarantine if ours else None,
+                working_set=config.working_set if ours and fixed is None else None,
                 default_block_size=ecfg.block_size,
             ),
             policy=policy,
@@ -130,10 +111,7 @@ class _Fleet:
         self.table = self.ledger.table
         for n in self.names:
             self.ledger.add_replica(n, now=0.0, capacity_tokens=self.capacity)
-            if self.law is not None:  # the operator publishes the law's first cap (RunResult.cap: None)
-                self.ledger.set_operator_limit(n, OperatorLimit(initial_cap(self.law.params), False, None), now=0.0)
-        kv = self.ledger.kv is not None and config.fixed_cap is None  # caps that follow contexts: no one cap
-        self.cap = None if self.law is not None or not ours or kv else self.ledger.cap_of(self.names[0])
+        self.cap = fixed
         self.ledger.take_events()
         self.live_reprefill = dict.fromkeys(self.names, 0)  # the router's counter: live sessions' evicted tokens
         every = config.renew_every_s if isinstance(policy, SessionAware) else None  # renewal is our policy's
@@ -422,7 +400,6 @@ class _Fleet:
                 preemptions_total=driver.engine.counters.preemptions,
                 waiting=len(driver.engine.waiting),
                 kv_usage=driver.engine.pool.usage,
-                itl=(driver.engine.counters.token_step_seconds, float(driver.engine.counters.generation_tokens)),
             )
             if self.weights is not None and pressure is not None:
                 self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)
@@ -474,17 +451,17 @@ class _Fleet:
 
     def _control(self) -> None:
         assert self.law is not None  # noqa: S101 -- scheduled only with a law
-        engines = {n: d.engine for n, d in self.drivers.items()}
-        live = {n: self.table.replicas[n].live for n in self.names}
-        kv_caps = None
-        if self.cfg.kv_admission:  # what the router's measured contexts fit (its measured_session_floor gauge)
-            kv_caps = {n: self.ledger.measured_floor(n) for n in self.names}
+        work = self.ledger.work
         controls = self.law.step(
-            now=self.now, engines=engines, live=live, reprefill=self.live_reprefill, queued=len(self.ledger.queue),
-            kv_caps=kv_caps,
-        )  # fmt: skip
+            now=self.now,
+            engines={n: d.engine for n, d in self.drivers.items()},
+            live={n: self.table.replicas[n].live for n in self.names},
+            reprefill=self.live_reprefill,
+            held={n: 0 if work is None else work.held(n) for n in self.names},
+            queued=len(self.ledger.queue),
+        )
         status = {  # what the operator writes into the pool's status, applied by the router as a whole
-            name: OperatorLimit(control.cap, control.quarantined, control.reason if control.quarantined else None)
+            name: OperatorLimit(control.target, control.quarantined, control.reason if control.quarantined else None)
             for name, control in controls.items()
         }
         self.ledger.set_operator_limits(status, now=self.now)

@@ -63,7 +63,7 @@ class FleetPoint:
     plateau_cap: int
     """The smallest cap within 1 % of the best (caps above it buy nothing measurable)."""
     adaptive_tokens_per_s: float | None
-    adaptive_mean_cap: float | None
+    adaptive_mean_target: float | None
     uncapped_tokens_per_s: float | None
     """Sticky least-loaded (vllm-router's, no cap) on the same rollouts."""
 
@@ -82,7 +82,7 @@ def fleet_point(
     adaptive: tuple[float, float | None] | None = None,
     uncapped: float | None = None,
 ) -> FleetPoint:
-    """The fleet size's summary from its runs (pure); ``adaptive``: (tokens/s, mean cap)."""
+    """The fleet size's summary from its runs (pure); ``adaptive``: (tokens/s, mean working-set target)."""
     if not fixed:
         raise ValueError(f"no fixed-cap run for {replicas} replicas")
     best = max(fixed, key=lambda c: (fixed[c], -c))
@@ -96,7 +96,7 @@ def fleet_point(
         tokens_per_s=fixed[best],
         plateau_cap=plateau,
         adaptive_tokens_per_s=None if adaptive is None else adaptive[0],
-        adaptive_mean_cap=None if adaptive is None else adaptive[1],
+        adaptive_mean_target=None if adaptive is None else adaptive[1],
         uncapped_tokens_per_s=uncapped,
     )
 

@@ -21,7 +21,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rolloutpool.capacity import conservative_cap
-from rolloutpool.planner import residency_for_cap
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.hardware import ReplicaHardware, replica_hardware, with_hardware
 from rolloutpool.sim.plan_choice import FleetPoint, PlanChoice, choose_fleet, coarse_caps, fleet_point, refine_caps
@@ -126,8 +125,7 @@ def _run(inputs: PlanSimInputs) -> tuple[list[FleetPoint], float]:
     scenario = inputs.workload
     floor = conservative_cap(capacity_tokens=inputs.hardware.kv_capacity_tokens, max_model_len=scenario.max_model_len)
     base = with_hardware(
-        FleetConfig(scenario=scenario, in_flight=inputs.in_flight, duration_s=inputs.duration_s, seed=inputs.seed,
-                    headroom=inputs.headroom),
+        FleetConfig(scenario=scenario, in_flight=inputs.in_flight, duration_s=inputs.duration_s, seed=inputs.seed),
         inputs.hardware,
     )  # fmt: skip
     coarse = {
@@ -172,7 +170,7 @@ def _run(inputs: PlanSimInputs) -> tuple[list[FleetPoint], float]:
         points.append(
             fleet_point(
                 replicas=n, in_flight=inputs.in_flight, floor=floor, fixed=fixed[n],
-                adaptive=None if adaptive is None else (adaptive.tokens_per_s, adaptive.mean_cap),
+                adaptive=None if adaptive is None else (adaptive.tokens_per_s, adaptive.mean_target),
                 uncapped=None if uncapped is None else uncapped.tokens_per_s,
             )
         )  # fmt: skip
@@ -180,15 +178,7 @@ def _run(inputs: PlanSimInputs) -> tuple[list[FleetPoint], float]:
 
 
 def _spec(inputs: PlanSimInputs, choice: PlanChoice) -> dict[str, Any]:
-    residency = residency_for_cap(
-        cap=choice.cap, capacity_tokens=inputs.hardware.kv_capacity_tokens,
-        max_model_len=inputs.workload.max_model_len, headroom=inputs.headroom,
-    )  # fmt: skip
-    return {
-        "replicas": choice.replicas,
-        "concurrency": {"maxSessionsPerReplica": choice.cap, "expectedResidency": residency,
-                        "headroom": inputs.headroom},
-    }  # fmt: skip
+    return {"replicas": choice.replicas, "concurrency": {"maxSessionsPerReplica": choice.cap}}
 
 
 def _ratio(value: float | None, reference: float) -> str:
@@ -225,8 +215,7 @@ def _answer(choice: PlanChoice, spec: dict[str, Any], point: FleetPoint) -> list
         f"{choice.replicas} replica(s) with cap {choice.cap} per replica: {choice.tokens_per_s:,.0f} tok/s, which "
         f"{verdict} the target of {choice.target_tokens_per_s:,.0f} tok/s ({choice.target}).{binding}",
         f"In the pool: spec.replicas: {spec['replicas']}, spec.concurrency.maxSessionsPerReplica: "
-        f"{concurrency['maxSessionsPerReplica']}, expectedResidency: {concurrency['expectedResidency']:g} "
-        f"(headroom {concurrency['headroom']:g}).",
+        f"{concurrency['maxSessionsPerReplica']} (a ceiling over the routers' turn scheduling).",
     ]
     if point.adaptive_tokens_per_s is not None:
         lines.append(

@@ -11,7 +11,7 @@ import numpy as np
 from rolloutpool.engine.model.core import Engine
 
 if TYPE_CHECKING:
-    from rolloutpool.sim.adaptive import AdaptiveCaps, ControlPoint
+    from rolloutpool.sim.adaptive import AdaptiveTargets, ControlPoint
     from rolloutpool.sim.config import FleetConfig
     from rolloutpool.sim.renewal import RenewalTotals
 
@@ -57,10 +57,10 @@ class RunResult:
     cache_evicted_blocks: int
     """Cached blocks evicted to make room (any session's, live or finished: stock vLLM's LRU churn)."""
     samples: list[Sample] = field(default_factory=list, repr=False)
-    mean_cap: float | None = None
-    """Adaptive policy: the mean per-replica cap over the run's control steps."""
+    mean_target: float | None = None
+    """Adaptive policy: the mean per-replica working-set target over the run's control steps."""
     law_cuts: int | None = None
-    """Adaptive policy: cap cuts the control law made."""
+    """Adaptive policy: target cuts the control law made."""
     law_quarantines: int | None = None
     """Adaptive policy: quarantines the control law entered (the fast loop's are ``quarantines``)."""
     control: list[ControlPoint] = field(default_factory=list, repr=False)
@@ -85,7 +85,7 @@ class RunResult:
         data = asdict(self)
         data.pop("samples")
         data.pop("control")
-        for key in ("mean_cap", "law_cuts", "law_quarantines", "renewals"):
+        for key in ("mean_target", "law_cuts", "law_quarantines", "renewals"):
             if data[key] is None:
                 data.pop(key)
         return data
@@ -106,7 +106,7 @@ def summarize(
     quarantines: int,
     samples: list[Sample],
     cap: int | None,
-    law: AdaptiveCaps | None = None,
+    law: AdaptiveTargets | None = None,
     renewals: RenewalTotals | None = None,
 ) -> RunResult:
     """Fold engine counters and router observations into one result (pure); renewals' own counts are left out."""
@@ -141,7 +141,7 @@ def summarize(
         quarantines=quarantines,
         cache_evicted_blocks=sum(e.pool.evictions for e in engines),
         samples=samples,
-        mean_cap=float(np.mean([p.cap for p in law.points])) if law is not None and law.points else None,
+        mean_target=float(np.mean([p.target for p in law.points])) if law is not None and law.points else None,
         law_cuts=None if law is None else law.cuts,
         law_quarantines=None if law is None else law.quarantines,
         control=[] if law is None else law.points,

@@ -33,7 +33,7 @@ class SweepRun:
     duration_s: float
     seed: int
     row: dict[str, Any]
-    control: list[tuple[float, str, int, int, bool]]
+    control: list[tuple[float, str, float, int, bool]]
     """Adaptive only: (t, replica, cap, live, quarantined) at every control step."""
 
 
@@ -47,7 +47,7 @@ class Point:
     best_cap: int
     best_tokens_per_s: float
     adaptive_tokens_per_s: float
-    adaptive_mean_cap: float
+    adaptive_mean_target: float
     adaptive_cuts: int
     fixed: dict[int, float]
 
@@ -111,7 +111,7 @@ def run_sweep(
         keys = {j: k for k, j in todo}
 
         def done(job: Job, result: RunResult, wall: float) -> None:
-            control = [(p.t, p.replica, p.cap, p.live, p.quarantined) for p in result.control]
+            control = [(p.t, p.replica, p.target, p.live, p.quarantined) for p in result.control]
             cfg = job.config
             runs[keys[job]] = SweepRun(
                 result.scenario, job.load, cfg.fixed_cap, cfg.duration_s, cfg.seed, result.row(), control
@@ -171,7 +171,7 @@ def sweep_points(runs: dict[str, SweepRun]) -> list[Point]:
                 best_cap=best,
                 best_tokens_per_s=fixed[best],
                 adaptive_tokens_per_s=float(r.row["tokens_per_s"]),
-                adaptive_mean_cap=float(r.row.get("mean_cap") or 0.0),
+                adaptive_mean_target=float(r.row.get("mean_target") or 0.0),
                 adaptive_cuts=int(r.row.get("law_cuts") or 0),
                 fixed=dict(sorted(fixed.items())),
             )

@@ -17,7 +17,6 @@ from rolloutpool.sim.sweep import Point, SweepRun
 
 __all__ = ["load_meta", "load_runs", "points_markdown", "runs_json", "write_cap_plots"]
 
-_REFERENCES = {"policy-drift": (("agentic-grpo", "before the drift", "g"), ("policy-drifted", "after the drift", "r"))}
 """Stationary scenarios whose best fixed caps a drifting scenario should move between."""
 
 
@@ -50,14 +49,14 @@ def points_markdown(points: list[Point]) -> str:
     """One row per (scenario, load): best fixed cap, adaptive, their ratio."""
     lines = [
         "| scenario | load | in-flight | best fixed cap | best fixed tok/s | adaptive tok/s | adaptive / best "
-        "| adaptive mean cap | law cuts | fixed caps tried (tok/s) |",
+        "| adaptive mean target | law cuts | fixed caps tried (tok/s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in points:
         tried = ", ".join(f"{c}: {v:,.0f}" for c, v in p.fixed.items())
         lines.append(
             f"| {p.scenario} | {p.load:g}x | {p.in_flight} | {p.best_cap} | {p.best_tokens_per_s:,.0f} "
-            f"| {p.adaptive_tokens_per_s:,.0f} | **{p.ratio:.3f}** | {p.adaptive_mean_cap:.1f} | {p.adaptive_cuts} "
+            f"| {p.adaptive_tokens_per_s:,.0f} | **{p.ratio:.3f}** | {p.adaptive_mean_target:.2f} | {p.adaptive_cuts} "
             f"| {tried} |"
         )
     return "\n".join(lines) + "\n"
@@ -75,8 +74,7 @@ def write_cap_plots(runs: dict[str, SweepRun], points: list[Point], out_dir: Pat
         for p in pts:
             (line,) = ax.plot(list(p.fixed), list(p.fixed.values()), marker=".", label=f"{p.load:g}x fixed")
             ax.axhline(p.adaptive_tokens_per_s, color=line.get_color(), ls="--", lw=0.9)
-            ax.plot([p.adaptive_mean_cap], [p.adaptive_tokens_per_s], marker="*", ms=10, color=line.get_color())
-        ax.set_title(f"{name} (dashed/star: adaptive)", fontsize=9)
+        ax.set_title(f"{name} (dashed: adaptive)", fontsize=9)
         ax.set_xlabel("fixed cap per replica")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -86,32 +84,22 @@ def write_cap_plots(runs: dict[str, SweepRun], points: list[Point], out_dir: Pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
-    best = {(p.scenario, p.load): p.best_cap for p in points}
     for run in sorted(runs.values(), key=lambda r: (r.scenario, r.load)):
         if run.cap is not None or not run.control:
             continue
         fig, ax = plt.subplots(figsize=(9, 4.6))
-        series: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for t, replica, cap, _live, _q in run.control:
-            series[replica].append((t / 60, cap))
-        for replica, caps in sorted(series.items()):
-            ax.plot([c[0] for c in caps], [c[1] for c in caps], lw=0.7, alpha=0.7, label=replica)
-        steps: dict[float, list[int]] = defaultdict(list)
-        for t, _replica, cap, _live, _q in run.control:
-            steps[t / 60].append(cap)
-        ax.plot(list(steps), [sum(v) / len(v) for v in steps.values()], color="k", lw=1.8, label="fleet mean cap")
-        if (run.scenario, run.load) in best:
-            ax.axhline(best[run.scenario, run.load], color="k", ls=":", label="best fixed cap (hindsight)")
-        for name, label, color in _REFERENCES.get(run.scenario, ()):
-            if (name, run.load) in best:
-                ax.axhline(best[name, run.load], color=color, ls="--", lw=0.9, label=f"best fixed cap {label} ({name})")
+        series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for t, replica, target, _live, _q in run.control:
+            series[replica].append((t / 60, target))
+        for replica, targets in sorted(series.items()):
+            ax.plot([c[0] for c in targets], [c[1] for c in targets], lw=0.7, alpha=0.7, label=replica)
         ax.set_xlabel("minutes")
-        ax.set_ylabel("cap (live sessions per replica)")
-        ax.set_title(f"Adaptive cap over time: {run.scenario} at {run.load:g}x", fontsize=10)
+        ax.set_ylabel("working-set target (share of KV capacity)")
+        ax.set_title(f"Adaptive working-set target over time: {run.scenario} at {run.load:g}x", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         fig.tight_layout()
-        path = out_dir / f"caps_over_time_{run.scenario}_{run.load:g}x.png"
+        path = out_dir / f"target_over_time_{run.scenario}_{run.load:g}x.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -29,7 +29,7 @@ from rolloutpool.routing.weights import WeightConfig, WeightTracker
 
 if TYPE_CHECKING:
     from rolloutpool.engine.model.core import Engine
-    from rolloutpool.sim.adaptive import AdaptiveCaps
+    from rolloutpool.sim.adaptive import AdaptiveTargets
     from rolloutpool.sim.results import RunResult
 
 __all__ = [
@@ -157,12 +157,12 @@ class SimWeightUpdates:
         if not self.config.excuse and self.tracker.in_grace(name, now=now):
             self.totals.false_quarantines += entered
 
-    def annotate(self, result: RunResult, *, law: AdaptiveCaps | None) -> RunResult:
+    def annotate(self, result: RunResult, *, law: AdaptiveTargets | None) -> RunResult:
         """The run's result with the scenario's figures."""
         t = self.totals
         cuts = None
         if law is not None:
-            points = [(p.t, p.replica, p.cap, p.reason) for p in law.points]
+            points = [(p.t, p.replica, p.target, p.reason) for p in law.points]
             cuts = law_cuts_after_flushes(points, self.flush_times, window_s=law.params.rate_window_seconds)
         return dataclasses.replace(
             result,
@@ -199,15 +199,15 @@ def weight_update_lines(runs: list[tuple[float, RunResult]]) -> list[str]:
 
 
 def law_cuts_after_flushes(
-    points: list[tuple[float, str, int, str | None]], flush_times: list[float], *, window_s: float
+    points: list[tuple[float, str, float, str | None]], flush_times: list[float], *, window_s: float
 ) -> int:
-    """Cap cuts the law made within ``window_s`` after a flush on the burst a resume causes (pure).
+    """Target cuts the law made within ``window_s`` after a flush on the burst a resume causes (pure).
 
-    ``points`` are (time, replica, cap, reason) in time order. A hold (reason ``WeightUpdate``)
+    ``points`` are (time, replica, target, reason) in time order. A hold (reason ``WeightUpdate``)
     is no cut. A cut on queueing or preemptions inside the window is one the update caused;
     a cut on live-prefix eviction is not: the update's own re-prefill is left out of that signal.
     """
-    last: dict[str, int] = {}
+    last: dict[str, float] = {}
     cuts = 0
     for t, replica, cap, reason in points:
         before = last.get(replica)

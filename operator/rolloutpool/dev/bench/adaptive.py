@@ -1,6 +1,6 @@
 """The operator's slow control loop for the benchmark, without Kubernetes or Prometheus (pure).
 
-``rolloutpool-adaptive`` is our router with caps decided the way the operator decides them:
+``rolloutpool-adaptive`` is our router with working-set targets decided the way the operator decides them:
 each ``autoscaling.intervalSeconds`` (simulated seconds, like the engines' clocks) the bench
 scrapes every engine's and the router's ``/metrics``, turns the scrapes into the
 :class:`~rolloutpool.autoscale.ReplicaSignals` the operator's PromQL would return (gauges at
@@ -27,13 +27,12 @@ from rolloutpool.api.spec import RolloutPoolSpec
 from rolloutpool.autoscale import ReplicaControl, ReplicaSignals
 from rolloutpool.reconcile.caps import plan_controls
 from rolloutpool.reconcile.control import MetricsRead, remember_read, window_seconds
-from rolloutpool.router.scrape import parse_signals
 
 __all__ = [
     "AdaptiveLaw",
-    "CapChange",
     "EngineScrape",
     "RouterScrape",
+    "TargetChange",
     "bench_pool_spec",
     "parse_engine_scrape",
     "parse_router_scrape",
@@ -60,9 +59,6 @@ class EngineScrape:
     prefix_hits_total: float
     prefix_queries_total: float
     kv_capacity_tokens: int | None
-    itl: tuple[float, float] | None = None
-    """The inter-token latency histogram's ``(_sum, _count)``, summed over the pod's engines (vLLM's older
-    ``time_per_output_token`` where the current name is absent); None: neither exported."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +68,8 @@ class RouterScrape:
     live_sessions: dict[str, int]
     reprefilled_tokens_total: dict[str, float]
     queue_depth: int
-    measured_floor: dict[str, int] = field(default_factory=dict)
-    """The router's measured floor per replica (KV budget over finished sessions' p90 final context)."""
+    held_turns: dict[str, int] = field(default_factory=dict)
+    """Turns the router holds for room, per replica."""
 
 
 def parse_engine_scrape(text: str) -> EngineScrape:
@@ -104,16 +100,15 @@ def parse_engine_scrape(text: str) -> EngineScrape:
         prefix_hits_total=counters["hits"],
         prefix_queries_total=counters["queries"],
         kv_capacity_tokens=capacity,
-        itl=parse_signals(text).itl,  # the router's reading of the histogram, older name included
     )
 
 
 def parse_router_scrape(text: str) -> RouterScrape:
-    """Our router's exposition: live sessions and live re-prefill per replica, the queue depth (pure)."""
+    """Our router's exposition: live sessions, kept prefixes' re-prefill, held turns per replica, the queue (pure)."""
     live: dict[str, int] = {}
     reprefill: dict[str, float] = {}
     queue = 0
-    floor: dict[str, int] = {}
+    held: dict[str, int] = {}
     for name, labels, value in samples(text):
         replica = labels.get("replica")
         if name == f"{_ROUTER}live_sessions" and replica is not None:
@@ -122,9 +117,9 @@ def parse_router_scrape(text: str) -> RouterScrape:
             reprefill[replica] = reprefill.get(replica, 0.0) + value
         elif name == f"{_ROUTER}queue_depth":
             queue = round(value)
-        elif name == f"{_ROUTER}measured_session_floor" and replica is not None and value >= 1:
-            floor[replica] = int(value)
-    return RouterScrape(live_sessions=live, reprefilled_tokens_total=reprefill, queue_depth=queue, measured_floor=floor)
+        elif name == f"{_ROUTER}held_turns" and replica is not None:
+            held[replica] = round(value)
+    return RouterScrape(live_sessions=live, reprefilled_tokens_total=reprefill, queue_depth=queue, held_turns=held)
 
 
 def rate_over(points: deque[tuple[float, float]]) -> float | None:
@@ -146,8 +141,6 @@ def bench_pool_spec(
     replicas: int,
     max_model_len: int,
     kv_capacity_tokens: int,
-    expected_residency: float,
-    headroom: float,
     time_scale: float,
     interval_seconds: int = 15,
 ) -> RolloutPoolSpec:
@@ -166,7 +159,6 @@ def bench_pool_spec(
                 "kvCapacityTokens": kv_capacity_tokens,
                 "simulator": {"timeScale": time_scale},
             },
-            "concurrency": {"expectedResidency": expected_residency, "headroom": headroom},
             "autoscaling": {
                 "enabled": True,
                 "prometheusUrl": "http://prometheus.invalid:9090",
@@ -177,14 +169,14 @@ def bench_pool_spec(
 
 
 @dataclass(frozen=True)
-class CapChange:
-    """One replica's cap or quarantine moved at one control step."""
+class TargetChange:
+    """One replica's working-set target or quarantine moved at one control step."""
 
     t: float
     """Simulated seconds since the loop started."""
     replica: str
-    cap: int | None
-    previous_cap: int | None
+    target: float | None
+    previous_target: float | None
     quarantined: bool
     reason: str | None
     live: int | None
@@ -201,7 +193,7 @@ def status_document(names: list[str], controls: Mapping[str, ReplicaControl]) ->
             {
                 "name": name,
                 "index": index,
-                "cap": control.cap,
+                "target": control.target,
                 "quarantined": control.quarantined,
                 "reason": control.reason if control.quarantined else None,
             }
@@ -216,7 +208,7 @@ class AdaptiveLaw:
     spec: RolloutPoolSpec
     names: list[str]
     controls: dict[str, ReplicaControl] = field(default_factory=dict)
-    changes: list[CapChange] = field(default_factory=list)
+    changes: list[TargetChange] = field(default_factory=list)
     steps: int = 0
     cuts: int = 0
     raises: int = 0
@@ -234,7 +226,7 @@ class AdaptiveLaw:
         return window_seconds(self.interval_s)
 
     def start(self, *, now: float) -> dict[str, ReplicaControl]:
-        """The first status, before any metric: every replica at the law's initial cap."""
+        """The first status, before any metric: no target (the router's own)."""
         read = MetricsRead(signals={})
         memo = remember_read(spec=self.spec, read=read, now=now, clock=now, queued_sessions=None)
         assert memo.health is not None  # noqa: S101 - remember_read always judges
@@ -244,7 +236,6 @@ class AdaptiveLaw:
                 replicas=self.names,
                 signals={},
                 previous=self.controls,
-                kv_capacity_tokens={},
                 health=memo.health,
                 now=now,
             ),
@@ -259,14 +250,6 @@ class AdaptiveLaw:
             points.popleft()
         return rate_over(points)
 
-    def _mean(self, name: str, now: float, value: float) -> float:
-        """The mean of a gauge's samples within the window (``avg_over_time``), this one included."""
-        points = self._counters.setdefault(name, {}).setdefault("kv_usage", deque())
-        points.append((now, value))
-        while points[0][0] < now - self.window_s - 1e-9:
-            points.popleft()
-        return sum(v for _, v in points) / len(points)
-
     def signals(
         self, *, now: float, engines: Mapping[str, EngineScrape], router: RouterScrape
     ) -> dict[str, ReplicaSignals | None]:
@@ -280,26 +263,20 @@ class AdaptiveLaw:
             hits = self._rate(name, "hits", now, engine.prefix_hits_total)
             queries = self._rate(name, "queries", now, engine.prefix_queries_total)
             reprefill = router.reprefilled_tokens_total.get(name)
-            itl = None if engine.itl is None else self._mean_itl(name, now, engine.itl)
+            held = router.held_turns.get(name)
             signals[name] = ReplicaSignals(
                 kv_usage=engine.kv_usage,
-                kv_usage_mean=None if engine.kv_usage is None else self._mean(name, now, engine.kv_usage),
                 preemptions_per_s=self._rate(name, "preemptions", now, engine.preemptions_total),
                 waiting=engine.waiting,
                 prefix_hit_ratio=hits / queries if hits is not None and queries else None,
                 reprefill_tokens_per_s=None if reprefill is None else self._rate(name, "reprefill", now, reprefill),
                 kv_capacity_tokens=engine.kv_capacity_tokens,
                 live_sessions=router.live_sessions.get(name),
+                held_turns=None if held is None else float(held),
+                queued_sessions=router.queue_depth,
                 sampled_at=now,
-                kv_cap=router.measured_floor.get(name),
-                mean_itl_seconds=itl,
             )
         return signals
-
-    def _mean_itl(self, name: str, now: float, itl: tuple[float, float]) -> float | None:
-        """``rate(_sum) / rate(_count)`` of the latency histogram over the window; None without a token in it."""
-        seconds, tokens = self._rate(name, "itl_sum", now, itl[0]), self._rate(name, "itl_count", now, itl[1])
-        return seconds / tokens if seconds is not None and tokens else None
 
     def step(
         self, *, now: float, engines: Mapping[str, EngineScrape], router: RouterScrape
@@ -315,7 +292,6 @@ class AdaptiveLaw:
             replicas=self.names,
             signals=memo.signals,
             previous=self.controls,
-            kv_capacity_tokens={n: e.kv_capacity_tokens for n, e in engines.items() if e.kv_capacity_tokens},
             health=memo.health,
             now=now,
         )
@@ -327,19 +303,19 @@ class AdaptiveLaw:
     ) -> dict[str, ReplicaControl]:
         for name, after in controls.items():
             before = self.controls.get(name)
-            moved = before is None or before.cap != after.cap or before.quarantined != after.quarantined
-            if before is not None and before.cap is not None and after.cap is not None:
-                self.cuts += after.cap < before.cap
-                self.raises += after.cap > before.cap
+            moved = before is None or before.target != after.target or before.quarantined != after.quarantined
+            if before is not None and before.target is not None and after.target is not None:
+                self.cuts += after.target < before.target
+                self.raises += after.target > before.target
             if before is not None:
                 self.quarantines += after.quarantined and not before.quarantined
             if moved:
                 self.changes.append(
-                    CapChange(
+                    TargetChange(
                         t=now,
                         replica=name,
-                        cap=after.cap,
-                        previous_cap=None if before is None else before.cap,
+                        target=after.target,
+                        previous_target=None if before is None else before.target,
                         quarantined=after.quarantined,
                         reason=after.reason,
                         live=live.get(name),
@@ -349,13 +325,13 @@ class AdaptiveLaw:
         return dict(self.controls)
 
     def summary(self) -> dict[str, object]:
-        """Steps, moves and the last caps (plain JSON data)."""
-        caps = [c.cap for c in self.controls.values() if c.cap is not None]
+        """Steps, moves and the last targets (plain JSON data)."""
+        targets = [c.target for c in self.controls.values() if c.target is not None]
         return {
             "steps": self.steps,
             "cuts": self.cuts,
             "raises": self.raises,
             "quarantines": self.quarantines,
-            "final_caps": {n: c.cap for n, c in self.controls.items()},
-            "mean_final_cap": sum(caps) / len(caps) if caps else math.nan,
+            "final_targets": {n: c.target for n, c in self.controls.items()},
+            "mean_final_target": sum(targets) / len(targets) if targets else math.nan,
         }

@@ -80,9 +80,9 @@ class LawLoop:
         )
 
     def report(self) -> dict[str, object]:
-        """The law's summary, this loop's failures and every cap move (plain JSON data)."""
+        """The law's summary, this loop's failures and every target move (plain JSON data)."""
         changes = [
-            {"t": round(c.t, 1), "replica": c.replica, "cap": c.cap, "from": c.previous_cap,
+            {"t": round(c.t, 1), "replica": c.replica, "target": c.target, "from": c.previous_target,
              "quarantined": c.quarantined, "reason": c.reason, "live": c.live}
             for c in self.law.changes
         ]  # fmt: skip

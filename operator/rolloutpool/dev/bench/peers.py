@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolloutpool.engine.model.cost import CostModel
-from rolloutpool.routing.eviction_budget import EvictionBudgetConfig
+from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = [
     "ADAPTIVE",
@@ -76,14 +76,8 @@ class RouterLaunch:
     time_scale: float
     scrape_interval_s: float
     queue_timeout_s: float
-    residency: float = 0.5
-    headroom: float = 0.1
     typical_prefill_tokens: int = 1000
     """New (uncached) tokens of a typical returning turn: calibrates ``decode_throughput_alpha``."""
-    step_floor_seconds: float | None = None
-    """The engine-sims' fixed step cost (engine seconds) for our router's ``--step-floor``; None: not passed."""
-    kv_read_seconds_per_token: float | None = None
-    """The engine-sims' read of one KV token per step (engine seconds) for ``--kv-read-cost``; None: not passed."""
     prometheus_port: int = 0
     """vllm-router's metrics port (it binds one; never its default 29000)."""
     admin_token_file: str | None = None
@@ -97,16 +91,10 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
     argv = [*prefix, "router", "--host", "127.0.0.1", "--port", str(launch.port)]
     for i, url in enumerate(launch.replica_urls):
         argv += ["--replica", f"r{i}={url}"]
-    if launch.max_model_len is not None:
-        argv += ["--max-model-len", str(launch.max_model_len)]
-        argv += ["--residency", str(launch.residency), "--headroom", str(launch.headroom)]
-        budget = EvictionBudgetConfig().scaled(launch.time_scale)  # engine time: the engine-sims run time-scaled
-        argv += ["--reprefill-budget", f"{budget.reprefill_tokens_per_s:g}"]
-        argv += ["--reprefill-budget-window", f"{budget.window_seconds:g}"]
-        if launch.step_floor_seconds is not None:
-            argv += ["--step-floor", f"{launch.step_floor_seconds:g}"]
-        if launch.kv_read_seconds_per_token is not None:
-            argv += ["--kv-read-cost", f"{launch.kv_read_seconds_per_token:g}"]
+    if launch.max_model_len is None:  # the overhead measurement: placement only
+        argv += ["--no-turn-scheduling"]
+    else:  # the hold limit is engine time: the engine-sims run time-scaled
+        argv += ["--hold-limit", f"{WorkingSetConfig().hold_limit_s / launch.time_scale:g}"]
     argv += [
         "--scrape-interval", str(launch.scrape_interval_s),
         "--queue-timeout", str(launch.queue_timeout_s),

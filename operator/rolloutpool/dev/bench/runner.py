@@ -97,8 +97,6 @@ class BenchConfig:
     load: float = 2.0
     seed: int = 0
     engine_seed: int = 0
-    residency: float = 0.5
-    headroom: float = 0.1
     scrape_interval_s: float = 0.5
     queue_timeout_s: float = 600.0
     vllm_router_bin: str = "vllm-router"
@@ -301,7 +299,7 @@ def _launch(
     max_model_len: int | None,
     admin_token_file: str | None = None,
 ) -> RouterLaunch:
-    cost = config.engine_cost  # the engine-sims' step floor and KV read
+    cost = config.engine_cost  # vllm-router's program scheduling is calibrated to it
     return RouterLaunch(
         replica_urls=tuple(engine_urls),
         port=free_port(),
@@ -310,11 +308,7 @@ def _launch(
         time_scale=config.time_scale,
         scrape_interval_s=config.scrape_interval_s,
         queue_timeout_s=config.queue_timeout_s,
-        residency=config.residency,
-        headroom=config.headroom,
         typical_prefill_tokens=config.typical_prefill_tokens,
-        step_floor_seconds=cost.fixed_step_seconds,
-        kv_read_seconds_per_token=cost.kv_read_seconds(1),
         cost=cost,
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
@@ -347,8 +341,6 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
                 replicas=config.replicas,
                 max_model_len=config.max_model_len,
                 kv_capacity_tokens=config.kv_capacity_tokens,
-                expected_residency=config.residency,
-                headroom=config.headroom,
                 time_scale=config.time_scale,
             )
             law = LawLoop.for_router(spec, engine_urls, router_url=router_url, admin_token=token)
@@ -445,8 +437,6 @@ def describe(config: BenchConfig) -> dict[str, object]:
         "duration_s": config.duration_s,
         "seed": config.seed,
         "engine_seed": config.engine_seed,
-        "residency": config.residency,
-        "headroom": config.headroom,
         "scrape_interval_s": config.scrape_interval_s,
         "queue_timeout_s": config.queue_timeout_s,
     }

@@ -9,7 +9,7 @@ clock and the thread's CPU time (which a loaded, shared machine does not inflate
 turn's latency, and the process RSS once the table is full.
 
 Scrape: the CPU time of one ``/metrics`` render of a router that admits by projected KV tokens
-(its per-replica gauges, the measured session floor among them) with ``--sessions`` live
+(its per-replica gauges, the working sets among them) with ``--sessions`` live
 sessions one turn in over ``--replicas`` replicas that reported their KV capacity, after 256
 rollouts finished.
 
@@ -152,7 +152,7 @@ def router_scale(  # noqa: PLR0915 -- one measurement, read top to bottom
 
 
 def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: int = 0) -> dict[str, Any]:
-    """Time rendering ``/metrics`` of a KV-admitting router at ``sessions`` live sessions with contexts."""
+    """Time rendering ``/metrics`` of a turn-scheduling router at ``sessions`` live sessions with contexts."""
     from prometheus_client import generate_latest  # noqa: PLC0415
 
     from rolloutpool.router.config import RouterConfig  # noqa: PLC0415
@@ -164,11 +164,9 @@ def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: in
     max_len = 32768
     specs = _replica_specs(replicas)
     metrics = RouterMetrics()
-    manager = SessionManager(
-        RouterConfig(replicas=specs, max_model_len=max_len, queue_max=sessions), clock=time.monotonic, metrics=metrics
-    )
+    manager = SessionManager(RouterConfig(replicas=specs, queue_max=sessions), clock=time.monotonic, metrics=metrics)
     ledger = manager.ledger
-    room = 4 * max_len * -(-(sessions + finished) // replicas)  # the cold projection admits every session
+    room = 4 * max_len * -(-(sessions + finished) // replicas)  # every session fits its replica's working set
     for spec in specs:
         ledger.set_capacity(spec.name, capacity_tokens=room, block_size=16, now=time.monotonic())
     rng = random.Random(seed)  # noqa: S311 -- a workload, not secrets
@@ -180,7 +178,6 @@ def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: in
         if i < finished:
             ledger.release(f"traj-{i}", how="finished", now=time.monotonic())
         ledger.take_events()
-    floor = ledger.measured_floor(specs[0].name)
     cpu_ms = []
     for _ in range(3):
         started = time.process_time()
@@ -189,7 +186,6 @@ def router_scrape(*, replicas: int, sessions: int, finished: int = 256, seed: in
     return {
         "replicas": replicas,
         "sessions": len(ledger.table.sessions),
-        "measured_floor": floor,
         "metrics_render_cpu_ms": {"p50": round(statistics.median(cpu_ms), 1), "max": round(max(cpu_ms), 1)},
     }
 
@@ -203,7 +199,6 @@ def _synthetic_pool(replicas: int) -> dict[str, Any]:
             "replicas": replicas,
             "engine": {"kind": "simulated", "model": "Qwen/Qwen3-8B", "maxModelLen": 32768, "gpusPerReplica": 0,
                        "kvCapacityTokens": 400000},
-            "concurrency": {"expectedResidency": 0.5, "headroom": 0.1},
             "router": {"replicas": 1},
             "autoscaling": {"enabled": True, "prometheusUrl": "http://prometheus:9090", "intervalSeconds": 15},
         },
@@ -273,7 +268,7 @@ def _one_pass(
     t = timed("plan_engines", t)
     health = classify_health(enabled=True, reachable=True, signals=signals, now=now, stale_after_seconds=60.0)
     controls = plan_controls(
-        spec=spec, replicas=names, signals=signals, previous=controls_from_status(previous), kv_capacity_tokens={},
+        spec=spec, replicas=names, signals=signals, previous=controls_from_status(previous),
         health=health, now=now,
     )  # fmt: skip
     t = timed("plan_controls", t)

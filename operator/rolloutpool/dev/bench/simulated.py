@@ -5,7 +5,7 @@ agree the processes, HTTP and the engines' clocks reproduce the model, and where
 of them is wrong. This runs :func:`rolloutpool.sim.fleet.simulate_policy` on a
 :class:`~rolloutpool.sim.config.FleetConfig` built from the :class:`~rolloutpool.dev.bench.runner.BenchConfig`
 (replicas, KV blocks, in-flight count, simulated window = wall window x time scale, seed,
-residency and headroom, the router's scrape interval in simulated seconds, every trajectory started at
+the router's scrape interval in simulated seconds, every trajectory started at
 once as the bench's client starts them), for every router that has a simulated policy, sticky
 least-loaded always among them as the baseline. vllm-router's program scheduling, cache-aware and
 power-of-two have no model in the simulator; nor does ``--engine-seed`` (the engine-sims' generated
@@ -61,8 +61,6 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         cost=config.engine_cost,
         duration_s=config.duration_s * config.time_scale,
         seed=config.seed,
-        expected_residency=config.residency,
-        headroom=config.headroom,
         scrape_interval_s=config.scrape_interval_s * config.time_scale,
         start_spread_s=0.0,
     )
