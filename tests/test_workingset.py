@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rolloutpool.routing.caps import CapRule
-from rolloutpool.routing.events import Bound, Held, Resumed, Withdrawn
+from rolloutpool.routing.events import Bound, Held, Placed, Resumed, Withdrawn
 from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.workingset import Phase, WorkingSet, WorkingSetConfig
@@ -168,8 +168,8 @@ def test_the_working_set_is_always_the_sum_of_what_its_sessions_count(ops: list[
 # -- the ledger: held turns as arrivals and events ----------------------------------------------------------
 
 
-def _ledger() -> Ledger:
-    config = LedgerConfig(caps=CapRule(), quarantine=None, working_set=CONFIG)
+def _ledger(working_set: WorkingSetConfig = CONFIG) -> Ledger:
+    config = LedgerConfig(caps=CapRule(), quarantine=None, working_set=working_set)
     ledger = Ledger(config, policy=SessionAware())
     ledger.add_replica("r", now=0.0, capacity_tokens=10_000)
     return ledger
@@ -240,3 +240,55 @@ def test_leases_follow_the_tool_times_learned_from_the_gaps() -> None:
     assert slow.until - slow.since > 20.0
     ws.released("slow")
     assert "slow" not in ws.tool.sessions
+
+
+# -- moving once, instead of waiting -------------------------------------------------------------------------
+
+
+def test_a_turn_that_would_wait_moves_once_to_a_replica_with_room() -> None:
+    ledger = _ledger()
+    _turn(ledger, "a", now=0.0, context=3000)
+    _turn(ledger, "c", now=21.0, context=4900)  # a let go to place c: r's 5,000-token target is full
+    ledger.add_replica("s", now=21.5, capacity_tokens=10_000)
+    ledger.take_events()
+    moved = ledger.arrive(Placement("a"), now=22.0)  # a's prefix is not known to be resident on r
+    assert isinstance(moved, Bound)
+    assert moved.session.replica == "s"
+    assert moved.session.context_tokens == 3000  # what it knew of its context goes with it
+    assert [(e.kind, e.session.replica) for e in ledger.take_events() if isinstance(e, Placed)] == [("moved", "s")]
+    work = ledger.work
+    assert work is not None
+    assert work.phase("a") is Phase.GENERATING
+    assert work.replicas["s"].moves == 1
+    assert work.replicas["s"].counted == 3000 + 100  # its context and a turn's growth, on its new replica
+    assert "a" not in work.replicas["r"].out
+    assert ledger.table.replicas["r"].live == 1  # c
+    assert work.sessions["a"].moved
+    assert work.destination("a", ["r", "s"], resident=None, now=23.0) is None  # it is generating, and moved once
+
+
+def test_no_move_when_the_prefix_is_resident_or_moving_is_off_or_nowhere_has_room() -> None:
+    off = _ledger(replace(CONFIG, move=False))
+    _turn(off, "a", now=0.0, context=3000)
+    _turn(off, "c", now=21.0, context=4900)
+    off.add_replica("s", now=21.5, capacity_tokens=10_000)
+    assert isinstance(off.arrive(Placement("a"), now=22.0), Held)
+
+    full = _ledger()
+    _turn(full, "a", now=0.0, context=3000)
+    _turn(full, "c", now=21.0, context=4900)
+    full.add_replica("s", now=21.5, capacity_tokens=4_000)  # a target of 2,000 tokens: a's 3,100 do not fit
+    assert isinstance(full.arrive(Placement("a"), now=22.0), Held)
+
+    ws = WorkingSet(CONFIG)
+    for name in ("r", "s"):
+        ws.add_replica(name, capacity=10_000)
+    ws.bound("a", "r", now=0.0, first_context=3000)
+    ws.turn_finished("a", context=3000, now=0.0)
+    ws.bound("c", "r", now=11.0, first_context=1000)
+    ws.make_room("r", 5000, now=11.0)  # a let go
+    ws.bound("d", "r", now=11.0, first_context=4500)
+    assert not ws.arrive("a", now=12.0)  # held
+    assert ws.destination("a", ["r", "s"], resident=2990, now=12.0) is None  # its blocks are still on r
+    assert ws.destination("a", ["r", "s"], resident=0, now=12.0) == "s"
+    assert ws.destination("a", ["r"], resident=None, now=12.0) is None  # s may not take sessions

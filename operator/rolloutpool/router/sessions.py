@@ -263,7 +263,13 @@ class SessionManager:
             turns = None
             if work is not None and r.name in work.replicas:
                 w = work.replicas[r.name]
-                decisions = {"held": w.holds, "resumed": w.resumes, "forced": w.forced, "let_go": w.lets_go}
+                decisions = {
+                    "held": w.holds,
+                    "resumed": w.resumes,
+                    "forced": w.forced,
+                    "let_go": w.lets_go,
+                    "moved": w.moves,
+                }
                 budget = w.budget(work.config.target)
                 turns = TurnGauges(
                     w.counted,

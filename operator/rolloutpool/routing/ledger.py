@@ -211,10 +211,34 @@ class Ledger:
         """A live session's turn on its replica: served now, or held for room (routing/workingset.py)."""
         current.last_seen = now
         if self.work is not None and not self.work.arrive(current.session_id, now=now, resident=resident):
+            candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
+            name = self.work.destination(current.session_id, candidates, resident=resident, now=now)
+            if name is not None:
+                return Bound(self._move(current, name, now=now), created=False)
             self._tickets += 1
             self.held[current.session_id] = self._tickets
             return Held(self._tickets)
         return Bound(current, created=False)
+
+    def _move(self, current: Session, name: str, *, now: float) -> Session:
+        """A session whose turn would wait moves once to ``name``, where it fits now (its prefix was gone anyway)."""
+        assert self.work is not None  # noqa: S101 - only turn scheduling moves sessions
+        old = current.replica
+        session = self.table.bind(
+            current.session_id,
+            name,
+            now=now,
+            group=current.group,
+            projected_tokens=current.projected_tokens,
+            prompt_tokens=current.prompt_tokens,
+        )
+        session.context_tokens = current.context_tokens
+        self.work.move(current.session_id, name, now=now)
+        self._kv_cap(old)
+        self._kv_cap(name)
+        self._resume(old, now=now)
+        self.events.append(Placed(session, "moved"))
+        return session
 
     def _route_again(self, current: Session, placement: Placement, *, now: float) -> Arrival:
         """A non-sticky policy chooses every turn; a session that moves is bound anew on its new replica."""

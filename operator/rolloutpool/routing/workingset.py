@@ -17,6 +17,9 @@ replica's KV capacity. Decisions are taken at the tool boundary, per turn:
   sooner) and only when a held turn or a new session needs the room: keeping costs nothing while
   nobody waits. A session let go keeps its blocks until the engine's LRU needs them; when it comes
   back before that, its turn finds them cached.
+- **move**: a turn that would be held, of a session whose prefix is not resident on its replica any
+  more (it re-prefills wherever it goes), moves once to another replica whose working set has room
+  for it now, instead of waiting; a session moves at most once (its next turns find their prefix there);
 - **admit**: a new session is placed where its first context fits the room (with what could be let
   go); while a replica holds turns it admits none (returning turns first).
 
@@ -65,6 +68,8 @@ class WorkingSetConfig:
     """A new session's first context until measured (prompt + first output, tokens)."""
     growth: int = 1024
     """A turn's growth until measured (tokens)."""
+    move: bool = True
+    """A turn that would be held moves once to a replica with room when its prefix is not resident."""
     block_tolerance: int = 256
     """A prefix counts as resident when at most this many of its last tokens are not cached (the partial last block,
     a re-tokenized answer's last block)."""
@@ -115,6 +120,8 @@ class Tracked:
     """Its group (a GRPO group shares its prompt's cached blocks)."""
     shared: int = 0
     """Tokens of its context its group shares (the group's prompt): counted once per replica."""
+    moved: bool = False
+    """It moved to another replica once (it never moves again)."""
 
 
 @dataclass
@@ -143,6 +150,8 @@ class ReplicaWork:
     """Idle sessions' prefixes let go (cumulative)."""
     forced: int = 0
     """Held turns served at ``hold_limit_s`` over the target (cumulative)."""
+    moves: int = 0
+    """Sessions that moved here instead of waiting on their replica (cumulative)."""
 
     @property
     def kept(self) -> int:
@@ -290,6 +299,45 @@ class WorkingSet:
         work.held.append(sid)
         work.holds += 1
         return False
+
+    def destination(self, sid: str, candidates: list[str], *, resident: int | None, now: float) -> str | None:
+        """Where a turn just held should move instead (see the module docstring), or None to let it wait.
+
+        ``candidates``: replicas that may take sessions now; ``resident``: its context still cached on its
+        replica (None: unknown, and a prefix let go for room is presumed gone, as the engine's LRU takes it next).
+        """
+        tracked = self.sessions.get(sid)
+        if not self.config.move or tracked is None or tracked.phase is not Phase.HELD or tracked.moved:
+            return None
+        if resident is not None and resident >= tracked.context - self.config.block_tolerance:
+            return None  # its blocks are still here: it is served here
+        need = self.need(sid)
+        best, room = None, need - 1
+        for name in candidates:
+            work = self.replicas.get(name)
+            free = None if work is None or name == tracked.replica or work.held else self.free(name)
+            if free is None:
+                continue
+            have = free + self.releasable(name, now=now)
+            if have > room:
+                best, room = name, have
+        return best
+
+    def move(self, sid: str, replica: str, *, now: float) -> None:
+        """A held turn's session moves to ``replica`` (from :meth:`destination`) and generates there at once."""
+        tracked = self.sessions[sid]
+        old = self.replicas[tracked.replica]
+        if tracked.phase is Phase.HELD:
+            old.held.remove(sid)
+        self._count(tracked, 0)
+        old.idle.pop(sid, None)
+        old.out.discard(sid)
+        tracked.replica, tracked.moved, tracked.lapsed = replica, True, True
+        work = self.replicas[replica]
+        work.moves += 1
+        need = self.need(sid)
+        self.make_room(replica, need, now=now)
+        self._generate(tracked, now, need)
 
     def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
         """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
