@@ -93,4 +93,6 @@ def test_crd_names_subresources_and_columns() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert "status" in version["subresources"]
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Replicas", "Ready", "Sessions", "Quarantined", "Age"]
+    assert columns == ["Replicas", "Ready", "Sessions", "Quarantined", "Held", "Leases", "Moves", "Age"]
+    wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
+    assert wide == {"Held", "Leases", "Moves"}  # kubectl get rp -o wide

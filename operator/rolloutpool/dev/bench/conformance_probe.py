@@ -178,8 +178,10 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
         events = await _stream(http, url, {**body, "stream_options": {"include_usage": True}})
         token_events = [e for e in events if isinstance(e, dict) and e.get("choices")]
         tail = events[-2] if len(events) > 1 else {}
+        # vLLM sends one event per token while its output loop keeps up, and coalesces several tokens into one
+        # event when it falls behind (seen on a loaded CPU: 3 events for 4 tokens): the count is a range
         obs.stream = {
-            "token events for 5 tokens": len(token_events),
+            "token events for 5 tokens: 1 to 5": 1 <= len(token_events) <= 5,
             "finish only on the last token event": [bool(e["choices"][0]["finish_reason"]) for e in token_events]
             == [False] * (len(token_events) - 1) + [True],
             "usage chunk has choices []": isinstance(tail, dict) and tail.get("choices") == [],
@@ -195,7 +197,11 @@ async def probe(base: str, *, model: str, shape: TraceShape, evict: TraceShape) 
             f"{base}/v1/chat/completions",
             {**common, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True},
         )
-        obs.stream["chat events for 4 tokens (role event first)"] = len(chat_events) - 1
+        first = chat_events[0] if chat_events else {}
+        role_first = isinstance(first, dict) and bool(first.get("choices")) and "role" in first["choices"][0]["delta"]
+        obs.stream["chat events for 4 tokens: the role event, then 1 to 4"] = (
+            role_first and 2 <= len(chat_events) - 1 <= 5
+        )
 
         # multi-turn, token ids, nothing evicted
         obs.turns = await _sessions(http, url, common, shape)
