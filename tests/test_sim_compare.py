@@ -112,3 +112,21 @@ def test_fixed_cap_and_turns_variants() -> None:
 def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         variant(label)
+
+
+def test_the_command_compares_a_workload_file_and_refuses_nothing_to_run() -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from rolloutpool.cli import main  # noqa: PLC0415
+
+    workload = Path(__file__).parent.parent / "examples" / "workloads" / "swe-agent.yaml"
+    args = ["simulate-compare", "--workload", str(workload), "--load", "1", "--duration", "60", "--replicas", "2",
+            "--variant", "rolloutpool", "--workers", "1"]  # fmt: skip
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert "| swe-agent | 1x | 0 | rolloutpool |" in done.output
+    nothing = CliRunner().invoke(main, ["simulate-compare", "--load", "1"])
+    assert nothing.exit_code == 2
+    assert "name a --scenario or a --workload file" in nothing.output

@@ -127,7 +127,11 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 
 
 @click.command("simulate-compare")
-@click.option("--scenario", "scenarios", type=click.Choice(sorted(SCENARIOS)), multiple=True, required=True)
+@click.option("--scenario", "scenarios", type=click.Choice(sorted(SCENARIOS)), multiple=True)
+@click.option(
+    "--workload", "workloads", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True,
+    help="Your own workload (YAML: docs/simulate-your-workload.md), beside or instead of --scenario.",
+)  # fmt: skip
 @click.option("--load", "loads", type=click.FloatRange(min=0.01), multiple=True, help="Default: 1, 3.")
 @click.option("--seed", "seeds", type=int, multiple=True, help="Default: 0.")
 @click.option(
@@ -146,6 +150,7 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @_PREFILL_SCALE
 def compare_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     scenarios: tuple[str, ...],
+    workloads: tuple[Path, ...],
     loads: tuple[float, ...],
     seeds: tuple[int, ...],
     variants: tuple[str, ...],
@@ -156,7 +161,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     json_file: Path | None,
     prefill_cost_scale: float,
 ) -> None:
-    """Our caps (KV admission, fixed cap, adaptive law) over sticky least-loaded, side by side in one run."""
+    """Our router (turn scheduling, under the operator's law, a fixed cap) over sticky least-loaded, side by side."""
     from rolloutpool.sim.compare import (  # noqa: PLC0415
         BASELINE,
         VARIANTS,
@@ -167,17 +172,34 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
         variant,
     )
     from rolloutpool.sim.config import FleetConfig  # noqa: PLC0415
-    from rolloutpool.sim.workload import scenario  # noqa: PLC0415
+    from rolloutpool.sim.workload import Scenario, scenario  # noqa: PLC0415
+    from rolloutpool.sim.workload_file import WorkloadFileError, load_workload  # noqa: PLC0415
 
+    chosen_scenarios: list[str | Scenario] = list(scenarios)
+    for path in workloads:
+        try:
+            chosen_scenarios.append(load_workload(path))
+        except WorkloadFileError as e:
+            raise click.UsageError(str(e)) from None
+    if not chosen_scenarios:
+        raise click.UsageError("name a --scenario or a --workload file")
     for label in variants:
         try:
             variant(label)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
     chosen = [BASELINE, *(v for v in (variants or VARIANTS) if v != BASELINE)]
-    base = FleetConfig(scenario=scenario(scenarios[0]), in_flight=1, replicas=replicas, duration_s=duration_s)
+    first = chosen_scenarios[0]
+    base = FleetConfig(
+        scenario=scenario(first) if isinstance(first, str) else first,
+        in_flight=1,
+        replicas=replicas,
+        duration_s=duration_s,
+    )
     base = _with_prefill_scale(base, prefill_cost_scale)
-    jobs = compare_jobs(base, scenarios=scenarios, loads=loads or (1.0, 3.0), seeds=seeds or (0,), variants=chosen)
+    jobs = compare_jobs(
+        base, scenarios=chosen_scenarios, loads=loads or (1.0, 3.0), seeds=seeds or (0,), variants=chosen
+    )
     started = time.perf_counter()
 
     def done(job: object, result: object, wall: float) -> None:

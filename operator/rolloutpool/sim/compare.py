@@ -29,7 +29,7 @@ from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
-from rolloutpool.sim.workload import scenario
+from rolloutpool.sim.workload import Scenario, scenario
 
 __all__ = [
     "BASELINE",
@@ -119,16 +119,16 @@ class CompareRow:
 def compare_jobs(
     base: FleetConfig,
     *,
-    scenarios: Iterable[str],
+    scenarios: Iterable[str | Scenario],
     loads: Iterable[float],
     seeds: Iterable[int],
     variants: Iterable[str],
 ) -> list[tuple[str, Job]]:
-    """One (variant label, job) per scenario, load, seed and variant (pure)."""
+    """One (variant label, job) per scenario (a name or a workload file's), load, seed and variant (pure)."""
     jobs = []
     chosen = list(variants)
-    for name in scenarios:
-        cfg = replace(base, scenario=scenario(name))
+    for named in scenarios:
+        cfg = replace(base, scenario=scenario(named) if isinstance(named, str) else named)
         floor = fleet_floor(cfg)
         for seed in seeds:
             for load in loads:
