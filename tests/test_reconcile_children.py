@@ -140,7 +140,7 @@ def test_simulated_engine_pod() -> None:
         "--hardware=h100-80gb",
         "--time-scale=10",
         "--seed=2",
-    ]
+    ]  # no KV events: the local stack's engine-sims share one network namespace, a wildcard binds once
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert "nvidia.com/gpu" not in str(c["resources"])
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -188,6 +188,8 @@ def test_vllm_engine_pod() -> None:
         "--enable-prompt-tokens-details",
         "--gpu-memory-utilization=0.9",
         "--tensor-parallel-size=2",
+        '--kv-events-config={"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}',
         "--max-num-seqs",
         "256",
     ]
@@ -211,6 +213,32 @@ def test_desired_engine_pods_one_per_replica() -> None:
     assert list(pods) == ["sim-grpo-engine-0", "sim-grpo-engine-1", "sim-grpo-engine-2"]
     seeds = [container(p)["args"][-1] for p in pods.values()]
     assert seeds == ["--seed=0", "--seed=1", "--seed=2"]
+
+
+def test_kv_events_are_on_for_vllm_unless_the_pool_turns_them_off_or_configures_its_own() -> None:
+    def children(pool: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        spec = spec_of(pool)
+        router = container(router_objects(pool=pool, spec=spec, default_image=IMAGE)[-1]["spec"]["template"])
+        return router, container(engine_pod(pool=pool, spec=spec, index=0, default_image=IMAGE))
+
+    pool = pool_object("vllm-pool.yaml")
+    router, engine = children(pool)
+    assert "--kv-events-port=5557,5558" in router["args"]
+    assert [p["containerPort"] for p in engine["ports"]] == [8000, 5557, 5558]
+    pool["spec"]["router"]["kvEvents"] = False
+    router, engine = children(pool)
+    assert not any(a.startswith("--kv-events") for a in [*router["args"], *engine["args"]])
+    assert [p["name"] for p in engine["ports"]] == ["http"]
+    own = pool_object("vllm-pool.yaml")
+    own["spec"]["engine"]["extraArgs"] = [
+        '--kv-events-config={"enable_kv_cache_events": true, "endpoint": "tcp://*:6000"}'
+    ]
+    router, engine = children(own)
+    assert [a for a in engine["args"] if a.startswith("--kv-events")] == own["spec"]["engine"]["extraArgs"]
+    assert not any(a.startswith("--kv-events") for a in router["args"])  # its ports are the user's to wire
+    simulated = pool_object("simulated-pool.yaml")
+    router, engine = children(simulated)
+    assert not any(a.startswith("--kv-events") for a in [*router["args"], *engine["args"]])
 
 
 def test_spec_hash_is_stable_and_sensitive() -> None:
@@ -295,7 +323,8 @@ def test_router_objects() -> None:
         "--keep-quantile=0.9",
         "--hold-limit=300",
         "--cap-ceiling=256",
-    ]
+        "--kv-events-port=5557,5558",
+    ]  # vLLM engines publish KV events on 5557 (replay 5558)
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True

@@ -21,6 +21,9 @@ from rolloutpool.reconcile.engine_pod import apply_engine_fields
 from rolloutpool.reconcile.labels import (
     ANNOTATION_SPEC_HASH,
     ENGINE_PORT,
+    KV_EVENTS_CONFIG,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
     ROUTER_PORT,
     admin_secret_name,
     engine_pod_name,
@@ -132,6 +135,28 @@ def _ours_security() -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
+def _kv_events(spec: RolloutPoolSpec) -> bool:
+    """Whether the operator turns the engines' KV events on: ``router.kvEvents`` on vLLM engines, unless the user
+    configured them. Not on engine-sims: the local stack runs its pods in one network namespace, where a
+    wildcard endpoint binds once (engine-sim publishes the same events when given the flag itself)."""
+    own = any(a.startswith("--kv-events-config") for a in spec.engine.extra_args)
+    return spec.router.kv_events and spec.engine.kind == "vllm" and not own
+
+
+def _kv_events_args(spec: RolloutPoolSpec) -> list[str]:
+    return [f"--kv-events-config={KV_EVENTS_CONFIG}"] if _kv_events(spec) else []
+
+
+def _engine_ports(spec: RolloutPoolSpec) -> list[dict[str, Any]]:
+    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if _kv_events(spec):
+        ports += [
+            {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+            {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"},
+        ]
+    return ports
+
+
 def _vllm_container(spec: RolloutPoolSpec) -> dict[str, Any]:
     engine = spec.engine
     tp = max(1, engine.gpus_per_replica)
@@ -144,6 +169,7 @@ def _vllm_container(spec: RolloutPoolSpec) -> dict[str, Any]:
         "--enable-prompt-tokens-details",
         f"--gpu-memory-utilization={_number(engine.gpu_memory_utilization)}",
         f"--tensor-parallel-size={tp}",
+        *_kv_events_args(spec),
         *engine.extra_args,
     ]
     cache_env = [
@@ -159,7 +185,7 @@ def _vllm_container(spec: RolloutPoolSpec) -> dict[str, Any]:
         "command": ["vllm", "serve"],
         "args": args,
         "env": [*_downward_env(), *cache_env],
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": _engine_ports(spec),
         "resources": {"limits": {"nvidia.com/gpu": str(tp)}},
         "startupProbe": _http_probe("/health", period=10, failures=VLLM_STARTUP_SECONDS // 10),
         "readinessProbe": _http_probe("/health", period=5, failures=3),
@@ -273,6 +299,8 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
     args.append(f"--hold-limit={_number(concurrency.hold_limit_seconds / scale)}")
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
+    if _kv_events(spec):
+        args.append(f"--kv-events-port={KV_EVENTS_PORT},{KV_REPLAY_PORT}")
     if router.prefix_renewal_seconds is not None:
         args.append(f"--renew-every={_number(router.prefix_renewal_seconds)}")
     if router.trace.enabled:  # read it with kubectl cp <router pod>:/var/lib/rolloutpool/trace.jsonl

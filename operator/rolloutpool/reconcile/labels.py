@@ -67,6 +67,19 @@ DEFAULT_IMAGE = "ghcr.io/rolloutpool/rolloutpool:0.1.0"
 
 ENGINE_PORT = 8000
 ROUTER_PORT = 8080
+KV_EVENTS_PORT = 5557
+"""An engine's KV-event publisher (vLLM ``--kv-events-config`` endpoint, ZMQ PUB)."""
+KV_REPLAY_PORT = 5558
+"""An engine's KV-event replay socket (ZMQ ROUTER): a router that missed a batch asks for it again."""
+
+
+KV_EVENTS_CONFIG = (
+    '{"enable_kv_cache_events": true, "publisher": "zmq", '
+    f'"endpoint": "tcp://*:{KV_EVENTS_PORT}", "replay_endpoint": "tcp://*:{KV_REPLAY_PORT}"}}'
+)
+"""vLLM's ``--kv-events-config`` the operator gives a vLLM engine: it binds every address of its pod (vLLM binds a
+wildcard endpoint and connects to any other, so the routers connect to each pod's IP)."""
+
 
 MAX_POOL_NAME_LENGTH = 56
 """``<pool>-router`` names a Service, a DNS-1035 label of at most 63 characters."""
