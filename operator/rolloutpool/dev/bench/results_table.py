@@ -1,0 +1,140 @@
+"""The results table docs/benchmarks.md opens with, generated from the runs' JSON (never edited by hand).
+
+Inputs are what the project's commands write: ``rolloutpool simulate-compare --json`` (one file per
+prefill-cost scale; its ``meta`` names the scale) and ``rolloutpool bench --json`` (real processes).
+The output is Markdown: per scenario and load, our router alone and under the operator's law against
+sticky least-loaded, the best peer that ran, the no-eviction bound, and the same at prefill halved and
+doubled; then the real-process runs. ``--write FILE`` replaces the block between
+``<!-- results:begin -->`` and ``<!-- results:end -->`` in FILE.
+
+``python -m rolloutpool.dev.bench.results_table --sim a.json --sim b.json --bench c.json --write docs/benchmarks.md``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PEERS", "bench_table", "main", "replace_block", "sim_table"]
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+BASELINE, OURS, ADAPTIVE, BOUND = "sticky-least-loaded", "rolloutpool", "adaptive", "no-eviction"
+PEERS = ("thunderagent", "progress-ttl", "continuum", "continuum-fixed", "consistent-hash", "vllm-program")
+"""Peer variants the table names when a run has them."""
+
+Key = tuple[str, float]
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+
+
+def _by_point(rows: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, list[Mapping[str, Any]]]]:
+    points: dict[Key, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        points[(str(row["scenario"]), float(row["load"]))][str(row["variant"])].append(row)
+    return points
+
+
+def _mean(rows: list[Mapping[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r.get(key) is not None and not math.isnan(float(r[key]))]
+    return sum(values) / len(values) if values else None
+
+
+def sim_table(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
+    """Markdown: one line per scenario and load; ``runs`` maps a prefill-cost scale to its compare rows (pure).
+
+    Ratios are throughput over sticky least-loaded's on the same trajectories, the mean over the seeds that ran.
+    """
+    main = _by_point(runs.get(1.0, []))
+    others = {scale: _by_point(rows) for scale, rows in runs.items() if scale != 1.0}
+    peer_names = sorted({v for point in main.values() for v in point if v in PEERS})
+    head = ["scenario", "load", "seeds", "sLL evicted %", "ours", "ours + operator"]
+    head += [*peer_names, "best peer", "ours / best peer", "no-eviction bound"]
+    head += [f"ours, prefill x{scale:g}" for scale in sorted(others)]
+    lines = ["| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * (len(head) - 2)]
+    for (scenario, load), point in sorted(main.items()):
+        base = point.get(BASELINE, [])
+        evicted = _mean(base, "baseline_evicted_share")
+        ours = _mean(point.get(OURS, []), "vs_baseline")
+        peers = {name: _mean(point.get(name, []), "vs_baseline") for name in peer_names}
+        known = {n: v for n, v in peers.items() if v is not None}
+        best = max(known, key=lambda n: known[n]) if known else None
+        cells = [scenario, f"{load:g}x", str(len({r["seed"] for r in base})),
+                 "-" if evicted is None else f"{100 * evicted:.0f}", _ratio(ours),
+                 _ratio(_mean(point.get(ADAPTIVE, []), "vs_baseline"))]  # fmt: skip
+        cells += [_ratio(peers[n]) for n in peer_names]
+        cells += [best or "-", _ratio(None if ours is None or best is None else ours / known[best])]
+        cells.append(_ratio(_mean(point.get(BOUND, []), "vs_baseline")))
+        for scale in sorted(others):
+            cells.append(_ratio(_mean(others[scale].get((scenario, load), {}).get(OURS, []), "vs_baseline")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``) (pure).
+
+    Per scenario, load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded the bench
+    computed, and the share of prefilled tokens that were re-prefill of evicted context.
+    """
+    lines = [
+        "| scenario | load | router | generated tok/s | / vllm-router sticky least-loaded | re-prefilled % |",
+        "|---|--:|---|--:|--:|--:|",
+    ]
+    for document in documents:
+        for row in document.get("ratios") or []:
+            rate = row.get("tokens_per_s")
+            pct = row.get("evicted_pct")
+            lines.append(
+                f"| {row['scenario']} | {float(row['load']):g}x | {row['router']} | "
+                f"{'-' if rate is None else f'{rate:,.0f}'} | {_ratio(row.get('ratio'))} | "
+                f"{'-' if pct is None else f'{pct:.0f}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the generated block between the markers replaced (pure); raises when they are missing."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the file has no {BEGIN} ... {END} block to replace")
+    return text[: start + len(BEGIN)] + "\n" + block + text[end:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: read the JSON, print (or write) the block."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--sim", type=Path, action="append", default=[], help="simulate-compare --json output")
+    parser.add_argument("--bench", type=Path, action="append", default=[], help="a multi-load bench's bench.json")
+    parser.add_argument("--write", type=Path, default=None)
+    args = parser.parse_args(argv)
+    runs: dict[float, list[Mapping[str, Any]]] = defaultdict(list)
+    notes = []
+    for path in args.sim:
+        data = json.loads(path.read_text())
+        scale = float(data["meta"].get("prefill_cost_scale", 1.0))
+        runs[scale] += data["rows"]
+        meta = data["meta"]
+        notes.append(f"`{path.name}`: {meta.get('replicas')} replicas, {meta.get('duration_s'):g} simulated s, "
+                     f"prefill cost x{scale:g}")  # fmt: skip
+    block = "### Simulated (fleet simulator, calibrated H100 cost model)\n\n" + sim_table(runs) + "\n"
+    block += "".join(f"- {n}\n" for n in notes)
+    if args.bench:
+        documents = [json.loads(p.read_text()) for p in args.bench]
+        block += "\n### Real processes (`rolloutpool bench`, four engine-sims)\n\n" + bench_table(documents)
+        block += "".join(f"- `{d.get('command', '?')}`\n" for d in documents)
+    if args.write is None:
+        print(block)
+    else:
+        args.write.write_text(replace_block(args.write.read_text(), block))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
