@@ -123,6 +123,15 @@ __all__ = ["router_command"]
 @click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
 @click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
 @click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
+@click.option(
+    "--peer-probe-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Static fleet: probe every peer's /healthz this often; one silent for 2 probes leaves the ring (its engines "
+    "and sessions go to the others) until it answers 2 in a row. 0: no probes.",
+)
 def router_command(
     ctx: click.Context,
     replicas: tuple[str, ...],
@@ -155,6 +164,7 @@ def router_command(
     peer_selector: str | None,
     self_url: str | None,
     peer_urls: tuple[str, ...],
+    peer_probe_interval: float,
     kv_events: tuple[str, ...],
     kv_events_port: str | None,
 ) -> None:
@@ -234,6 +244,7 @@ def router_command(
             peer_selector=peer_selector,
             self_url=self_url,
             peer_urls=peer_urls,
+            peer_probe_interval=peer_probe_interval,
             kubeconfig=kubeconfig,
             namespace=discover_namespace,
             selector=discover_selector,
