@@ -106,7 +106,7 @@ def start_fleet(
         argv = rolloutpool_argv(
             "router", f"--host={LOOPBACK}", f"--port={port}", f"--self-url={url}", f"--peer-urls={','.join(urls)}",
             "--scrape-interval=1", *(f"--replica={n}={u}" for n, u in engines.items()),
-            f"--admin-token-file={token_file}", *extra,
+            f"--admin-token-file={token_file}", "--no-state", *extra,
         )  # fmt: skip
         procs.start(f"{name}-router-{i}", argv, ready_url=f"{url}/readyz")
     for url in urls:  # a router that probed its peers before they started puts them back on its ring
