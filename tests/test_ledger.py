@@ -212,3 +212,21 @@ def test_fifo_holds_when_the_policy_sizes_by_request() -> None:
     ledger.take_events()
     assert ledger.cancel(big.ticket, now=3.0)  # the head times out: the one behind it is admitted
     assert [e.ticket for e in ledger.take_events() if isinstance(e, Admitted)] == [small.ticket]
+
+
+def test_replicas_ready_together_share_the_queue_and_one_at_a_time_take_it_all() -> None:
+    for together in (True, False):
+        ledger = _ledger(("a", "b"), cap=None)
+        for name in ("a", "b"):
+            ledger.set_ready(name, False, now=0.0)
+        for i in range(16):
+            assert isinstance(ledger.arrive(Placement(session_id=f"s{i}"), now=1.0), Queued)
+        if together:
+            assert ledger.set_ready_together(["a", "b", "a"], now=2.0) == ["a", "b"]
+            assert ledger.set_ready_together(["a", "b"], now=2.0) == []  # already ready: nothing changes
+        else:
+            ledger.set_ready("a", True, now=2.0)
+            ledger.set_ready("b", True, now=2.0)
+        live = sorted(r.live for r in ledger.table.replicas.values())
+        assert not ledger.queue
+        assert live == ([8, 8] if together else [0, 16])

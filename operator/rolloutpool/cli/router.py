@@ -10,6 +10,37 @@ import click
 __all__ = ["router_command"]
 
 
+def _check_writable(flag: str, path: Path) -> None:
+    """A usage error, not a traceback at startup, when the router could not write ``path``."""
+    if not path.parent.is_dir():
+        raise click.UsageError(f"{flag} {path}: directory {path.parent} does not exist")
+    try:
+        with path.open("ab"):  # appends nothing: the file is only created when missing
+            pass
+    except OSError as err:
+        raise click.UsageError(f"{flag} {path}: cannot write it ({err.strerror or err})") from err
+
+
+def _default_state(host: str, port: int) -> Path | None:
+    """The default snapshot path, its directory made; None (logged) where it cannot be."""
+    import logging  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from rolloutpool.router.state import default_state_path  # noqa: PLC0415
+
+    path = default_state_path(host=host, port=port, env=os.environ)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        logging.getLogger("rolloutpool.router").warning(
+            "Running without a state file path=%s error=%s: give --state-path to keep sessions across restarts",
+            path,
+            err.strerror or err,
+        )
+        return None
+    return path
+
+
 @click.command(
     "router",
     # vllm-router's flags (--worker-urls URL..., --policy, ...) arrive as extra arguments: router/compat.py
@@ -64,6 +95,14 @@ __all__ = ["router_command"]
 @click.option("--scrape-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
 @click.option("--upstream-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True)
 @click.option(
+    "--request-read-timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A request's whole body must arrive within this long; a slower one is answered 408.",
+)
+@click.option(
     "--renew-every",
     type=float,
     default=None,
@@ -88,7 +127,14 @@ __all__ = ["router_command"]
     "default only inference, tokenize/render, models and health paths are served; engine control calls "
     "(/pause, /update_weights, ...) go through the admin fan-out.",
 )
-@click.option("--state-path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--state-path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Snapshot of the session table, loaded at start, so a restart keeps every session on its replica. "
+    "Default: $XDG_STATE_HOME/rolloutpool/router-HOST-PORT.json (XDG_STATE_HOME defaults to ~/.local/state).",
+)
+@click.option("--no-state", is_flag=True, help="Keep no snapshot: a restart places every session again.")
 @click.option(
     "--trace-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -123,6 +169,15 @@ __all__ = ["router_command"]
 @click.option("--peer-selector", default=None, help="Fleet: label selector of the router pods (Kubernetes).")
 @click.option("--self-url", default=None, help="Static fleet: this router's base URL (with --peer-urls).")
 @click.option("--peer-urls", multiple=True, help="Static fleet: every router's base URL (comma-separated or repeated).")
+@click.option(
+    "--peer-probe-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Static fleet: probe every peer's /healthz this often; one silent for 2 probes leaves the ring (its engines "
+    "and sessions go to the others) until it answers 2 in a row. 0: no probes.",
+)
 def router_command(
     ctx: click.Context,
     replicas: tuple[str, ...],
@@ -143,10 +198,12 @@ def router_command(
     queue_timeout: float,
     scrape_interval: float,
     upstream_timeout: float,
+    request_read_timeout: float,
     renew_every: float | None,
     admin_token_file: Path | None,
     allow_paths: tuple[str, ...],
     state_path: Path | None,
+    no_state: bool,
     trace_file: Path | None,
     trace_max_bytes: int,
     trace_session_ids: str,
@@ -155,6 +212,7 @@ def router_command(
     peer_selector: str | None,
     self_url: str | None,
     peer_urls: tuple[str, ...],
+    peer_probe_interval: float,
     kv_events: tuple[str, ...],
     kv_events_port: str | None,
 ) -> None:
@@ -179,8 +237,12 @@ def router_command(
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for flag, reason in compat.accepted:
         logging.getLogger("rolloutpool.router.compat").info("Ignored vllm-router flag flag=%s reason=%s", flag, reason)
-    if trace_file is not None and not trace_file.parent.is_dir():
-        raise click.UsageError(f"--trace-file {trace_file}: directory {trace_file.parent} does not exist")
+    if trace_file is not None:
+        _check_writable("--trace-file", trace_file)
+    if no_state and state_path is not None:
+        raise click.UsageError("give --state-path or --no-state, not both")
+    if not no_state and state_path is None:
+        state_path = _default_state(host, port)
     if bool(replicas or compat.worker_urls) == bool(discover_namespace):
         raise click.UsageError(
             "give --replica or --worker-urls (static) or --discover-namespace/--discover-selector, not both"
@@ -205,6 +267,7 @@ def router_command(
             "queue_timeout_s": queue_timeout,
             "scrape_interval_s": scrape_interval,
             "upstream_timeout_s": upstream_timeout,
+            "request_read_timeout_s": request_read_timeout,
             "renew_every_s": renew_every,
             "state_path": state_path,
             "trace_path": trace_file,
@@ -234,6 +297,7 @@ def router_command(
             peer_selector=peer_selector,
             self_url=self_url,
             peer_urls=peer_urls,
+            peer_probe_interval=peer_probe_interval,
             kubeconfig=kubeconfig,
             namespace=discover_namespace,
             selector=discover_selector,

@@ -8,8 +8,10 @@ Two ways to form a fleet:
   the ready router pods.
 - Static (loopback, Slurm): every router gets the same ``--replica`` list and ``--peer-urls``
   (every router's base URL) and its own ``--self-url``; each takes its share of the engines by
-  the operator's own assignment function, so all agree on the split and the ring. A static
-  fleet does not notice a dead peer: its sessions get 503s until it is back.
+  the operator's own assignment function, so all agree on the split and the ring. Each router
+  probes its peers every ``--peer-probe-interval`` seconds (:mod:`rolloutpool.router.peers`): a
+  peer that stops answering is taken off the ring and its engines go to the survivors until it
+  answers again (``0``: no probes; a dead peer's sessions then get 503s until it is back).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import click
 from rolloutpool.router.app import run_router
 from rolloutpool.router.config import RouterConfig
 from rolloutpool.router.fleet import Fleet, FleetSource, static_source
+from rolloutpool.router.peers import PeerProbe
 from rolloutpool.router.types import Discovery
 from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
@@ -49,8 +52,13 @@ def _fleet(config: RouterConfig, *, self_name: str, source: FleetSource) -> Flee
     )
 
 
-def static_fleet(config: RouterConfig, *, self_url: str, peer_urls: Sequence[str]) -> FleetSetup:
-    """A member of a fleet given on the command line: its share of ``config.replicas``."""
+def static_fleet(
+    config: RouterConfig, *, self_url: str, peer_urls: Sequence[str], probe_interval_s: float = 1.0
+) -> FleetSetup:
+    """A member of a fleet given on the command line: its share of ``config.replicas``.
+
+    ``probe_interval_s``: how often the peers are probed (a silent one leaves the ring); 0: never.
+    """
     peers = [u.strip().rstrip("/") for text in peer_urls for u in text.split(",") if u.strip()]
     me = self_url.strip().rstrip("/")
     if not me.startswith(("http://", "https://")):
@@ -62,9 +70,15 @@ def static_fleet(config: RouterConfig, *, self_url: str, peer_urls: Sequence[str
     if not config.replicas:
         raise ValueError("a static fleet needs --replica (the same list on every router)")
     urls = {r.name: r.url for r in config.replicas}
-    split = assign_engines(engines=urls, routers=peers, previous={})
-    view = static_view(peers={p: p for p in peers}, split=split, engine_urls=urls, self_name=me)
-    fleet = _fleet(config, self_name=me, source=static_source(view))
+    if probe_interval_s < 0:
+        raise ValueError(f"--peer-probe-interval {probe_interval_s:g}: seconds, or 0 (no probes)")
+    source: FleetSource
+    if probe_interval_s > 0:
+        source = PeerProbe(self_name=me, peers=peers, engine_urls=urls, interval_s=probe_interval_s).views
+    else:
+        split = assign_engines(engines=urls, routers=peers, previous={})
+        source = static_source(static_view(peers={p: p for p in peers}, split=split, engine_urls=urls, self_name=me))
+    fleet = _fleet(config, self_name=me, source=source)
     return FleetSetup(replace(config, replicas=(), discovery=True), fleet, fleet.discovery)
 
 
@@ -99,6 +113,7 @@ def run_fleet_member(
     peer_selector: str | None,
     self_url: str | None,
     peer_urls: tuple[str, ...],
+    peer_probe_interval: float = 1.0,
     kubeconfig: str | None,
     namespace: str | None,
     selector: str | None,
@@ -113,7 +128,7 @@ def run_fleet_member(
         if self_url or peer_urls:
             if not (self_url and peer_urls) or self_name or peer_selector or namespace:
                 raise click.UsageError("a static fleet needs --self-url, --peer-urls and --replica, nothing else")
-            setup = static_fleet(config, self_url=self_url, peer_urls=peer_urls)
+            setup = static_fleet(config, self_url=self_url, peer_urls=peer_urls, probe_interval_s=peer_probe_interval)
         else:
             if not (self_name and peer_selector and namespace and selector):
                 raise click.UsageError("a fleet needs --self-name, --peer-selector, --discover-namespace/-selector")

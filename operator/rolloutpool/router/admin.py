@@ -178,7 +178,7 @@ class AdminAPI:
             return error_response(400, "`timeout_s` must be a positive, finite number of seconds.", param="timeout_s")
         if self._client is None:  # pragma: no cover - wired by the application
             return error_response(503, "The fan-out has no upstream client.")
-        body = await request.read() if request.can_read_body else b""
+        body = await request.read() if request.body_exists else b""  # read already, from memory
         ready = [r.name for r in self.manager.table.replicas.values() if r.ready]
         skipped = sorted(r.name for r in self.manager.table.replicas.values() if not r.ready)
         client = self._client()

@@ -89,7 +89,7 @@ class SessionAPI:
     async def finish(self, request: web.Request) -> web.Response:
         """``POST /finish_session?session_id=ID``."""
         sid: object = request.query.get("session_id")
-        if not sid and request.can_read_body:
+        if not sid and request.body_exists:  # read already (router/bodyread.py): it exists
             body = await read_json_object(request, max_bytes=self.manager.config.max_body_bytes, allow_empty=True)
             if isinstance(body, web.Response):
                 return body

@@ -30,8 +30,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram
 
 from rolloutpool.router.admin import AdminAPI
 from rolloutpool.router.api import SessionAPI
+from rolloutpool.router.bodyread import body_deadline
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.errors import error_response
+from rolloutpool.router.fdlimit import FdWatch, raise_nofile_limit
 from rolloutpool.router.fleet import Fleet
 from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.router.proxy import DATA_PATHS, Proxy
@@ -93,6 +95,7 @@ class RouterService:
         self.admin = AdminAPI(
             self.manager, config.admin_token, client=lambda: self.proxy.client, engine_key=config.api_key
         )
+        self.fds = FdWatch(self.metrics.registry)
         self.writer: SnapshotWriter | None = None
         self.trace: TraceWriter | None = None
         self._client_factory = client_factory
@@ -137,6 +140,7 @@ class RouterService:
         await scraper.scrape_all()
         self._spawn(scraper.run(), "scrape")
         self._spawn(self._expire_loop(), "expiry")
+        self._spawn(self.fds.run(), "fd-watch")
         if self.kv_events is not None:
             self._spawn(self.kv_events.run(), "kv-events")
         if self.renewer is not None:
@@ -304,7 +308,10 @@ def build_app(
     :class:`rolloutpool.kube.pools.PoolWatch`); they combine with the router's own.
     """
     service = RouterService(config, clock=clock, client_factory=client_factory, discovery=discovery, limits=limits)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[service.observe, service.authorize])
+    read_body = body_deadline(timeout_s=config.request_read_timeout_s, max_bytes=config.max_body_bytes)
+    app = web.Application(
+        client_max_size=config.max_body_bytes, middlewares=[service.observe, read_body, service.authorize]
+    )
     app[ROUTER] = service
     if fleet is not None:  # one of N routers: forward sessions owned elsewhere (router/fleet.py)
         fleet.install(app, manager=service.manager, proxy=service.proxy)
@@ -352,6 +359,7 @@ def run_router(
         config.state_path,
         config.renew_every_s,
     )
+    raise_nofile_limit()  # every connection is a descriptor: take what the hard limit allows
     app = build_app(config, discovery=discovery, limits=limits, fleet=fleet)
     # Start-up objects never become garbage: keep them out of every collection, and collect young
     # objects less often (each request allocates a few hundred; few of them form cycles).

@@ -123,6 +123,8 @@ class RouterConfig:
     upstream_timeout_s: float = 600.0
     """Longest silence of an upstream (before its headers, between chunks) before a 504."""
     max_body_bytes: int = 32 * 1024 * 1024
+    request_read_timeout_s: float = 60.0
+    """A request's whole body must arrive within this long, or it is answered 408 (a trickled body holds nothing)."""
 
     # -- admin, state, lifecycle -------------------------------------------------------
     admin_token: str | None = field(default=None, repr=False)
@@ -165,6 +167,7 @@ class RouterConfig:
             "scrape_timeout_s",
             "upstream_connect_timeout_s",
             "upstream_timeout_s",
+            "request_read_timeout_s",
             "state_debounce_s",
             "shutdown_timeout_s",
         )

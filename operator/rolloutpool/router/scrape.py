@@ -4,7 +4,8 @@ Each scrape feeds the replica's quarantine state (preemptions, waiting queue),
 refreshes its KV capacity and block size (``vllm:cache_config_info``, for derived
 caps and for the expected cached tokens of returning sessions), and decides
 readiness: ``unready_after_failures`` failed scrapes in a row mark it not ready,
-one good scrape makes it ready again.
+one good scrape makes it ready again. The replicas that answer in one round are marked ready
+together, after the round, so sessions queued while they were down are spread over all of them.
 """
 
 from __future__ import annotations
@@ -172,14 +173,17 @@ class Scraper:
 
     async def scrape_all(self) -> None:
         """One round over every replica."""
-        await asyncio.gather(*(self.scrape(name) for name in self.manager.runtime))
+        names = list(self.manager.runtime)
+        answered = await asyncio.gather(*(self.scrape(name) for name in names))
+        # replicas back in this round become ready together, so the queue is spread over all of them
+        self.manager.set_ready_together([name for name, ok in zip(names, answered, strict=True) if ok])
         self.manager.tick()
 
-    async def scrape(self, name: str) -> None:
-        """Scrape one replica and apply the result."""
+    async def scrape(self, name: str) -> bool:
+        """Scrape one replica and apply the result; whether it answered (the caller marks it ready)."""
         runtime = self.manager.runtime.get(name)
         if runtime is None:
-            return
+            return False
         timeout = aiohttp.ClientTimeout(
             total=scrape_timeout(interval_s=self.config.scrape_interval_s, configured_s=self.config.scrape_timeout_s)
         )
@@ -191,7 +195,7 @@ class Scraper:
                 signals = parse_signals(text)
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
             if self.manager.runtime.get(name) is not runtime:
-                return  # removed (or replaced) while we scraped
+                return False  # removed (or replaced) while we scraped
             runtime.scrape_failures += 1
             self.manager.metrics.scrape_failures.labels(name).inc()
             if runtime.scrape_failures == self.config.unready_after_failures:
@@ -203,9 +207,9 @@ class Scraper:
                 )
             if runtime.scrape_failures >= self.config.unready_after_failures:
                 self.manager.set_ready(name, False, reason="ScrapeFailed")
-            return
+            return False
         if self.manager.runtime.get(name) is not runtime:
-            return
+            return False
         runtime.scrape_failures = 0
         runtime.last_scrape = self.manager.clock()
         runtime.signals = {k: v for k, v in signals.as_dict().items() if v is not None}
@@ -222,7 +226,7 @@ class Scraper:
             waiting=signals.waiting,
             kv_usage=signals.kv_cache_usage,
         )
-        self.manager.set_ready(name, True)
+        return True
 
     async def run(self) -> None:
         """Scrape forever, every ``scrape_interval_s`` (cancelled on shutdown)."""

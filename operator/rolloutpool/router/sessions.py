@@ -499,6 +499,13 @@ class SessionManager:
         _log.info("Marked replica ready=%s replica=%s reason=%s", ready, name, reason)
         self._dispatch()
 
+    def set_ready_together(self, names: list[str]) -> None:
+        """Mark replicas ready that came back in one scrape round: queued sessions are spread over all of them."""
+        for name in self.ledger.set_ready_together(names, now=self.clock()):
+            self.runtime[name].unready_reason = None
+            _log.info("Marked replica ready=True replica=%s reason=None", name)
+        self._dispatch()
+
     def set_capacity(self, name: str, capacity_tokens: int | None, block_size: int | None) -> None:
         """A replica's reported KV capacity and block size: recompute its cap."""
         self.ledger.set_capacity(name, capacity_tokens=capacity_tokens, block_size=block_size, now=self.clock())

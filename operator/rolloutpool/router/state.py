@@ -26,17 +26,40 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rolloutpool.router.sessions import SessionManager
 
-__all__ = ["SNAPSHOT_VERSION", "SessionRecord", "SnapshotWriter", "load_snapshot", "parse_snapshot", "snapshot"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "SessionRecord",
+    "SnapshotWriter",
+    "default_state_path",
+    "load_snapshot",
+    "parse_snapshot",
+    "snapshot",
+]
 
 _log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
+
+
+def default_state_path(*, host: str, port: int, env: Mapping[str, str]) -> Path:
+    """Where ``rolloutpool router`` keeps its snapshot unless told (pure given ``env``).
+
+    ``$XDG_STATE_HOME/rolloutpool/router-HOST-PORT.json``, else ``~/.local/state/rolloutpool/...``
+    (the XDG base directory rules): one file per address, so two routers of one host never share one.
+    """
+    base = env.get("XDG_STATE_HOME", "").strip()
+    root = (
+        Path(base) if base and Path(base).is_absolute() else Path(env.get("HOME") or "~").expanduser() / ".local/state"
+    )
+    safe_host = "".join(c if c.isalnum() or c in ".-_" else "_" for c in host) or "any"
+    return root / "rolloutpool" / f"router-{safe_host}-{port}.json"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ The lifecycle:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from rolloutpool.routing.caps import effective_cap
 from rolloutpool.routing.discovery import OperatorLimit
@@ -498,6 +498,23 @@ class Ledger:
         if ready:
             self.admit(now=now)
         return True
+
+    def set_ready_together(self, names: Iterable[str], *, now: float) -> list[str]:
+        """Mark several replicas ready at once, then admit the queue once; the names that changed.
+
+        Replicas that come back in one scrape round are ready together before a queued session is
+        placed, so the policy spreads the queue over them instead of piling it on the first one.
+        """
+        changed = []
+        for name in names:
+            replica = self.table.replicas.get(name)
+            if replica is not None and not replica.ready:
+                replica.ready = True
+                self.table.refresh(name)
+                changed.append(name)
+        if changed:
+            self.admit(now=now)
+        return changed
 
     def set_draining(self, name: str, draining: bool, *, now: float) -> bool:
         """Drain a replica (keeps its sessions, takes no new ones) or undo it; whether it changed."""

@@ -17,12 +17,15 @@ router.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import secrets
 import shutil
 import statistics
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,10 +106,26 @@ def start_fleet(
         argv = rolloutpool_argv(
             "router", f"--host={LOOPBACK}", f"--port={port}", f"--self-url={url}", f"--peer-urls={','.join(urls)}",
             "--scrape-interval=1", *(f"--replica={n}={u}" for n, u in engines.items()),
-            f"--admin-token-file={token_file}", *extra,
+            f"--admin-token-file={token_file}", "--no-state", *extra,
         )  # fmt: skip
         procs.start(f"{name}-router-{i}", argv, ready_url=f"{url}/readyz")
+    for url in urls:  # a router that probed its peers before they started puts them back on its ring
+        _wait_members(url, routers)
     return FleetUrls(urls, admin_token=token)
+
+
+def _wait_members(url: str, members: int, *, timeout_s: float = 30.0) -> None:
+    """Wait until the router at ``url`` has ``members`` routers on its session ring."""
+    deadline = time.monotonic() + timeout_s
+    pattern = re.compile(r"^rolloutpool_router_fleet_members ([0-9.e+]+)$", re.MULTILINE)
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=2.0) as resp:  # noqa: S310
+            found = pattern.search(resp.read().decode())
+            if found and float(found[1]) == members:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"router {url} did not see its {members} fleet members within {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 _LUA = """

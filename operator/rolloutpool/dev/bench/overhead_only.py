@@ -113,7 +113,7 @@ def _start(config: OverheadOnlyConfig, procs: ProcessSet) -> tuple[dict[str, str
     port = free_port()
     argv = rolloutpool_argv(
         "router", "--host", LOOPBACK, "--port", str(port), "--cap", "100000", "--queue-max", "100000",
-        "--replica", f"a={workers[0]}", "--replica", f"b={workers[1]}",
+        "--no-state", "--replica", f"a={workers[0]}", "--replica", f"b={workers[1]}",
     )  # fmt: skip
     ours = procs.start(OURS, argv, ready_url=f"http://{LOOPBACK}:{port}/readyz", timeout_s=config.ready_timeout_s)
     targets[OURS], pids[OURS] = f"http://{LOOPBACK}:{port}", ours.pid

@@ -88,7 +88,7 @@ class RouterLaunch:
 
 def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
     """``rolloutpool router`` arguments (``prefix`` runs the ``rolloutpool`` command)."""
-    argv = [*prefix, "router", "--host", "127.0.0.1", "--port", str(launch.port)]
+    argv = [*prefix, "router", "--host", "127.0.0.1", "--port", str(launch.port), "--no-state"]
     for i, url in enumerate(launch.replica_urls):
         argv += ["--replica", f"r{i}={url}"]
     if launch.max_model_len is None:  # the overhead measurement: placement only
