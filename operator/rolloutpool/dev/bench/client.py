@@ -112,6 +112,8 @@ class TurnRecord:
     cached_tokens: int
     completion_tokens: int
     reprefilled_tokens: int
+    at: float = 0.0
+    """Wall clock (``time.monotonic``) when the response arrived."""
 
 
 @dataclass
@@ -263,6 +265,7 @@ class _Driver:
                             cached_tokens=cached,
                             block_size=cfg.block_size,
                         ),
+                        at=time.monotonic(),
                     )
                 )
                 record.turns = turn + 1
