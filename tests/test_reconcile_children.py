@@ -140,8 +140,10 @@ def test_simulated_engine_pod() -> None:
         "--hardware=h100-80gb",
         "--time-scale=10",
         "--seed=2",
-    ]  # no KV events: the local stack's engine-sims share one network namespace, a wildcard binds once
-    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+        '--kv-events-config={"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}',
+    ]  # an engine-sim binds the wildcard on its own address (the local stack's pods share one namespace)
+    assert [p["containerPort"] for p in c["ports"]] == [8000, 5557, 5558]
     assert "nvidia.com/gpu" not in str(c["resources"])
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
@@ -211,7 +213,7 @@ def test_desired_engine_pods_one_per_replica() -> None:
     pool = pool_object("simulated-pool.yaml", replicas=3)
     pods = desired_engine_pods(pool=pool, spec=spec_of(pool), default_image=IMAGE)
     assert list(pods) == ["sim-grpo-engine-0", "sim-grpo-engine-1", "sim-grpo-engine-2"]
-    seeds = [container(p)["args"][-1] for p in pods.values()]
+    seeds = [a for p in pods.values() for a in container(p)["args"] if a.startswith("--seed")]
     assert seeds == ["--seed=0", "--seed=1", "--seed=2"]
 
 
@@ -238,7 +240,8 @@ def test_kv_events_are_on_for_vllm_unless_the_pool_turns_them_off_or_configures_
     assert not any(a.startswith("--kv-events") for a in router["args"])  # its ports are the user's to wire
     simulated = pool_object("simulated-pool.yaml")
     router, engine = children(simulated)
-    assert not any(a.startswith("--kv-events") for a in [*router["args"], *engine["args"]])
+    assert "--kv-events-port=5557,5558" in router["args"]
+    assert [p["containerPort"] for p in engine["ports"]] == [8000, 5557, 5558]
 
 
 def test_spec_hash_is_stable_and_sensitive() -> None:

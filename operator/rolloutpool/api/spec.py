@@ -344,11 +344,11 @@ class RouterSpec(SpecModel):
 
     trace: RouterTraceSpec = Field(default_factory=RouterTraceSpec)
     kv_events: bool = True
-    """vLLM engines publish their prefix cache's changes (``--kv-events-config``, ports 5557 and 5558) and the
+    """Engines publish their prefix cache's changes (vLLM's ``--kv-events-config``, ports 5557 and 5558) and the
     router keeps an exact index of which sessions' prefixes are still cached (docs/kv-events.md): a returning turn
     whose prefix is resident is served at once. Off: the router infers residency from ``cached_tokens``. An
     engine ``extraArgs`` entry of its own ``--kv-events-config`` turns the operator's off (wire the router's
-    ``--kv-events`` yourself then). Simulated engines are not wired (the local stack shares one network)."""
+    ``--kv-events`` yourself then)."""
     """Record each session's turns (prompt, cached and output tokens, tool gaps) for replay in the simulator."""
 
 

@@ -136,11 +136,9 @@ def _ours_security() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _kv_events(spec: RolloutPoolSpec) -> bool:
-    """Whether the operator turns the engines' KV events on: ``router.kvEvents`` on vLLM engines, unless the user
-    configured them. Not on engine-sims: the local stack runs its pods in one network namespace, where a
-    wildcard endpoint binds once (engine-sim publishes the same events when given the flag itself)."""
+    """Whether the operator turns the engines' KV events on: ``router.kvEvents``, unless the user configured them."""
     own = any(a.startswith("--kv-events-config") for a in spec.engine.extra_args)
-    return spec.router.kv_events and spec.engine.kind == "vllm" and not own
+    return spec.router.kv_events and not own
 
 
 def _kv_events_args(spec: RolloutPoolSpec) -> list[str]:
@@ -216,6 +214,7 @@ def _simulated_container(spec: RolloutPoolSpec, index: int, image: str) -> dict[
         f"--hardware={(simulator or SimulatorSpec()).hardware}",
         f"--time-scale={_number(simulator.time_scale if simulator else 1.0)}",
         f"--seed={index}",
+        *_kv_events_args(spec),
         *engine.extra_args,
     ]
     _, security = _ours_security()
@@ -225,7 +224,7 @@ def _simulated_container(spec: RolloutPoolSpec, index: int, image: str) -> dict[
         "command": ["rolloutpool", "engine-sim"],
         "args": args,
         "env": _downward_env(),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": _engine_ports(spec),
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "readinessProbe": _http_probe("/health", period=2, failures=3),
         "livenessProbe": _http_probe("/health", period=10, failures=6),

@@ -77,8 +77,9 @@ KV_EVENTS_CONFIG = (
     '{"enable_kv_cache_events": true, "publisher": "zmq", '
     f'"endpoint": "tcp://*:{KV_EVENTS_PORT}", "replay_endpoint": "tcp://*:{KV_REPLAY_PORT}"}}'
 )
-"""vLLM's ``--kv-events-config`` the operator gives a vLLM engine: it binds every address of its pod (vLLM binds a
-wildcard endpoint and connects to any other, so the routers connect to each pod's IP)."""
+"""The ``--kv-events-config`` the operator gives every engine: a vLLM binds the ports on every address of its pod
+(a wildcard; vLLM connects to any other endpoint), an engine-sim on the address it serves on (the local stack's pods
+share one network namespace); the routers connect to each pod's IP."""
 
 
 MAX_POOL_NAME_LENGTH = 56

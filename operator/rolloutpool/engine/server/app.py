@@ -168,7 +168,7 @@ class _Service:
         )
         self.kv_events: KvEventPublisher | None = None
         if config.kv_events is not None and config.kv_events.publishes:
-            self.kv_events = KvEventPublisher(config.kv_events, block_size=config.block_size)
+            self.kv_events = KvEventPublisher(config.kv_events, block_size=config.block_size, bind_host=config.host)
             self.runner.publish_kv_events(self.kv_events)
         self.faults = random.Random(config.seed)  # noqa: S311 - reproducible fault draws, not cryptography
         self.closing = False

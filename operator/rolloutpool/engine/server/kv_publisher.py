@@ -108,7 +108,10 @@ def _binds(endpoint: str) -> bool:
 class KvEventPublisher:
     """One engine's PUB socket (and replay socket), sequence numbers and replay buffer."""
 
-    def __init__(self, config: KVEventsConfig, *, block_size: int, data_parallel_rank: int = 0) -> None:
+    def __init__(
+        self, config: KVEventsConfig, *, block_size: int, data_parallel_rank: int = 0, bind_host: str | None = None
+    ) -> None:
+        """``bind_host``: the address the engine serves on; a wildcard endpoint binds it alone (see :func:`_local`)."""
         if not config.publishes:
             raise ValueError("kv-events-config: publishing is off (enable_kv_cache_events false or publisher null)")
         self.config = config
@@ -126,6 +129,7 @@ class KvEventPublisher:
         self._pub: zmq.Socket[bytes] | None = None
         self._replay: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._bind_host = bind_host
 
     def start(self) -> None:
         """Open the sockets (and serve replays when configured); call from a running event loop."""
@@ -134,13 +138,13 @@ class KvEventPublisher:
         pub.set_hwm(self.config.hwm)
         pub.linger = 0
         if _binds(self.endpoint):
-            self.endpoint = _bind(pub, self.endpoint)
+            self.endpoint = _bind(pub, _local(self.endpoint, self._bind_host))
         else:
             pub.connect(self.endpoint)
         if self.replay_endpoint is not None:
             replay = self._replay = ctx.socket(zmq.ROUTER)
             replay.linger = 0
-            self.replay_endpoint = _bind(replay, self.replay_endpoint)
+            self.replay_endpoint = _bind(replay, _local(self.replay_endpoint, self._bind_host))
             self._task = asyncio.get_running_loop().create_task(self._serve_replays(replay), name="kv-events-replay")
         _log.info("Started KV event publisher endpoint=%s replay=%s", self.endpoint, self.replay_endpoint)
 
@@ -191,6 +195,19 @@ class KvEventPublisher:
                 if seq >= first:
                     await sock.send_multipart((client, b"", self._topic, encode_seq(seq), payload))
             await sock.send_multipart((client, b"", b"", encode_seq(END_SEQ), b""))
+
+
+def _local(endpoint: str, host: str | None) -> str:
+    """A wildcard tcp endpoint on the engine's own serving address, when it serves on one.
+
+    vLLM binds ``tcp://*:PORT`` on every interface of its pod; engine-sims of the local stack share one network
+    namespace (each pod a loopback address), where a wildcard port binds once, so an engine-sim binds its port on
+    the address it serves on: the one the routers connect to either way.
+    """
+    if host is None or host in {"", "0.0.0.0", "::", "*"} or not endpoint.startswith("tcp://*:"):  # noqa: S104
+        return endpoint
+    address = f"[{host}]" if ":" in host else host
+    return f"tcp://{address}:{endpoint.removeprefix('tcp://*:')}"
 
 
 def _bind(sock: zmq.Socket[bytes] | zmq.asyncio.Socket, endpoint: str) -> str:
