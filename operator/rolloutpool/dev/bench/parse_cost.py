@@ -2,12 +2,12 @@
 
 ``python -m rolloutpool.dev.bench.parse_cost [--repeat N]`` feeds recorded-looking
 answers of a vLLM server into :class:`rolloutpool.router.upstream.UpstreamResponse`
-(``data_received`` as the event loop would call it, then the body read back from
-its queue) and prints the microseconds per response, the median of ``--repeat``
-timings. It only uses the protocol's data path (``_reset``, ``data_received``,
-``_chunks``), so the same script measures any parser behind that interface:
-run it with ``PYTHONPATH`` on another checkout to compare. docs/datapath.md holds
-the figures.
+(``data_received`` as the event loop would call it, then the body read back from its
+queue) and prints the CPU microseconds per response (this thread's CPU time, which a
+loaded machine disturbs far less than wall time), the median of ``--repeat`` timings.
+It only uses the protocol's data path (``_reset``, ``data_received``, ``_chunks``), so
+the same script measures any parser behind that interface: run it with ``PYTHONPATH``
+on another checkout to compare. docs/datapath.md holds the figures.
 """
 
 from __future__ import annotations
@@ -59,16 +59,16 @@ def answers() -> dict[str, list[bytes]]:
 
 
 def parse_cost_us(conn: UpstreamResponse, reads: list[bytes], *, number: int, repeat: int) -> float:
-    """Median microseconds to parse one answer delivered as ``reads`` and drain its body."""
+    """Median CPU microseconds (this thread's) to parse one answer delivered as ``reads`` and drain its body."""
     timings = []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = time.thread_time()
         for _ in range(number):
             conn._reset()
             for data in reads:
                 conn.data_received(data)
             conn._chunks.clear()
-        timings.append((time.perf_counter() - started) * 1e6 / number)
+        timings.append((time.thread_time() - started) * 1e6 / number)
     return statistics.median(timings)
 
 
