@@ -54,7 +54,7 @@ def answers() -> dict[str, list[bytes]]:
     return {
         "json-1-read": [small],
         "sse-65-events": [sse_head + chunked[0], *chunked[1:]],
-        "json-256k-4-reads": [big[i : i + 65536] for i in range(0, len(big), 65536)],
+        "json-256k-5-reads": [big[i : i + 65536] for i in range(0, len(big), 65536)],
     }
 
 
