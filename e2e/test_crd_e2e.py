@@ -35,6 +35,16 @@ def test_example_pools_are_accepted_and_listed(cluster: LocalCluster) -> None:
     assert "sim-grpo" in cluster.kubectl("get", "rpool").stdout
 
 
+def test_gpu_example_keeps_its_core_v1_fields_as_written(cluster: LocalCluster) -> None:
+    """env, resources and podTemplate have declared parts for CEL; the rest must come back untouched."""
+    example = load_example("qwen3-8b-h100-pvc.yaml")
+    result = _apply(cluster, example)
+    assert result.returncode == 0, result.stderr
+    served = _get(cluster, example["metadata"]["name"])["spec"]["engine"]
+    for field in ("env", "envFrom", "resources", "podTemplate", "extraArgs"):
+        assert served[field] == example["spec"]["engine"][field], field
+
+
 def test_server_fills_the_same_defaults_as_the_models(cluster: LocalCluster) -> None:
     minimal = {
         "apiVersion": "rolloutpool.io/v1alpha1",

@@ -43,6 +43,9 @@ def invalid_cases() -> list[InvalidCase]:
         for dotted, value in (entry.get("set") or {}).items():
             node, leaf = _walk(manifest["spec"], dotted)
             node[leaf] = value
+        for dotted, length in (entry.get("long") or {}).items():
+            node, leaf = _walk(manifest["spec"], dotted)
+            node[leaf] = ["a" * n for n in length] if isinstance(length, list) else "a" * length
         for dotted in entry.get("unset") or []:
             node, leaf = _walk(manifest["spec"], dotted)
             node.pop(leaf)

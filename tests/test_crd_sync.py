@@ -73,7 +73,9 @@ def test_structural_schema_rules() -> None:
 
     def check(node: dict[str, Any], path: str) -> None:
         assert not forbidden & set(node), f"{path}: {forbidden & set(node)}"
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in node or node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        ), path
         if isinstance(node.get("exclusiveMinimum"), int | float) and not isinstance(node["exclusiveMinimum"], bool):
             raise AssertionError(f"{path}: exclusiveMinimum must be boolean in OpenAPI v3.0")
         for name, sub in node.get("properties", {}).items():

@@ -90,7 +90,7 @@ def test_merge_overlay_merges_named_lists_and_replaces_others() -> None:
         ({"podTemplate": {"metadata": {"labels": {"rolloutpool.io/pool": "x"}}}}, "rolloutpool.io/"),
         ({"podTemplate": {"metadata": {"name": "x"}}}, "labels and annotations"),
         ({"podTemplate": {"kind": "Pod"}}, "only have metadata and spec"),
-        ({"resources": {"limits": {"nvidia.com/gpu": 2}}}, "must equal engine.gpusPerReplica"),
+        ({"resources": {"limits": {"nvidia.com/gpu": 2}}}, "limit nvidia.com/gpu to engine.gpusPerReplica"),
         ({"env": [{"name": "POD_IP", "value": "1.2.3.4"}]}, "operator sets it"),
         ({"shmSize": "lots"}, "shm_size|shmSize|pattern"),
     ],

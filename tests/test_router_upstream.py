@@ -173,3 +173,52 @@ async def test_keep_alive_against_aiohttp_and_streams_in_pieces() -> None:
         resp.release()
         assert b"".join(chunks) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
         p.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (b"SPDY/3 200 OK\r\n\r\n", "BadHead"),
+        (b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\nok", "BadHead"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1e3\r\n\r\nok", "BadHead"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (80 * 1024), "BadHead"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", "BadBody"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok and more", "BadBody"),
+    ],
+    ids=["not-http", "bad-status", "bad-length", "head-too-large", "bad-chunk-size", "more-than-length"],
+)
+async def test_a_malformed_answer_is_an_upstream_error_and_the_connection_is_dropped(answer: bytes, kind: str) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with raw_server(script) as (url, _):
+        p = pool()
+
+        async def exchange() -> bytes:
+            resp = await p.request(url, "POST", "/x", [], b"{}")
+            return await resp.read()
+
+        with pytest.raises(UpstreamError) as info:
+            await exchange()
+        assert info.value.kind == kind
+        p.close()
+
+
+async def test_a_head_answer_has_no_body_and_keeps_the_connection() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n")
+            await writer.drain()
+
+    async with raw_server(script) as (url, connections):
+        p = pool()
+        for _ in range(2):
+            resp = await p.request(url, "HEAD", "/x", [], None)
+            assert (resp.status, resp.header("content-length"), await resp.read()) == (200, "9", b"")
+            resp.release()
+        p.close()
+    assert len(connections) == 1

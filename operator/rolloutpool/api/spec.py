@@ -9,11 +9,24 @@ reject exactly the same manifests); ``tests/test_crd_sync.py`` checks they agree
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+
+from rolloutpool.api.corev1 import (
+    ENV_VAR_SCHEMA,
+    EXTRA_ARG_MAX_LENGTH,
+    GPU_LIMIT_MESSAGE,
+    GPU_LIMIT_RULE,
+    POD_TEMPLATE_SCHEMA,
+    RESOURCES_SCHEMA,
+    check_env,
+    check_gpu_limit,
+    check_pod_template,
+    check_resources,
+)
 
 __all__ = [
     "AutoscalingSpec",
@@ -151,7 +164,11 @@ class SecretKeySpec(SpecModel):
     """Key inside the Secret."""
 
 
-_RESERVED_ENV = frozenset({"POD_IP", "POD_NAME", "POD_NAMESPACE"})
+# The core/v1 objects passed through stay maps; their schema declares what CEL reads (api/corev1.py).
+_EnvVar = Annotated[dict[str, Any], WithJsonSchema(ENV_VAR_SCHEMA)]
+_Resources = Annotated[dict[str, Any], WithJsonSchema(RESOURCES_SCHEMA)]
+_PodTemplate = Annotated[dict[str, Any], WithJsonSchema(POD_TEMPLATE_SCHEMA)]
+_ExtraArg = Annotated[str, Field(max_length=EXTRA_ARG_MAX_LENGTH)]
 
 
 class EngineSpec(SpecModel):
@@ -170,6 +187,7 @@ class EngineSpec(SpecModel):
                     "engine.gpusPerReplica must be at least 1 when engine.kind is vllm",
                     ".gpusPerReplica",
                 ),
+                _cel(GPU_LIMIT_RULE, GPU_LIMIT_MESSAGE, ".resources"),
             ]
         }
     )
@@ -201,8 +219,8 @@ class EngineSpec(SpecModel):
     model_shape: ModelShape | None = None
     """Attention shape of the model, for the KV capacity estimate."""
 
-    extra_args: list[str] = Field(default_factory=list, max_length=128)
-    """Extra command-line arguments appended to the engine command."""
+    extra_args: list[_ExtraArg] = Field(default_factory=list, max_length=128)
+    """Extra command-line arguments appended to the engine command (each at most 32 KiB)."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node selector of the engine pods."""
@@ -225,20 +243,21 @@ class EngineSpec(SpecModel):
     hf_token_secret: SecretKeySpec | None = None
     """Secret key exported as ``HF_TOKEN`` (gated models on the Hugging Face hub)."""
 
-    env: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
-    """Extra environment variables of the engine container (core/v1 EnvVar objects), after the generated ones."""
+    env: list[_EnvVar] = Field(default_factory=list, max_length=256)
+    """Extra environment variables of the engine container (core/v1 EnvVar objects), after the generated ones;
+    each needs a name, and POD_IP, POD_NAME and POD_NAMESPACE are the operator's."""
 
     env_from: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
     """ConfigMaps and Secrets exported whole into the engine container (core/v1 EnvFromSource objects)."""
 
-    resources: dict[str, Any] | None = None
+    resources: _Resources | None = None
     """Requests and limits of the engine container (core/v1 ResourceRequirements). ``nvidia.com/gpu`` is set
     from ``gpusPerReplica`` for vllm; giving it here with another value is an error."""
 
     shm_size: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
     """Size limit of the engine's ``/dev/shm`` (a memory-backed emptyDir; NCCL needs several GiB for TP > 1)."""
 
-    pod_template: dict[str, Any] | None = None
+    pod_template: _PodTemplate | None = None
     """Escape hatch: a partial core/v1 PodTemplateSpec (``metadata``, ``spec``) merged over the generated engine
     pod, last. Maps merge key by key; lists of named items (containers, initContainers, volumes, env,
     volumeMounts, ports) merge by ``name``; other lists are replaced. It may not rename the ``engine``
@@ -253,35 +272,13 @@ class EngineSpec(SpecModel):
             raise ValueError("engine.image is required when engine.kind is vllm")
         if self.kind == "vllm" and self.gpus_per_replica < 1:
             raise ValueError("engine.gpusPerReplica must be at least 1 when engine.kind is vllm")
-        for var in self.env:
-            if not isinstance(var.get("name"), str) or not var["name"]:
-                raise ValueError("engine.env entries need a name")
-            if var["name"] in _RESERVED_ENV:
-                raise ValueError(f"engine.env may not set {var['name']}: the operator sets it")
-        gpu = ((self.resources or {}).get("limits") or {}).get("nvidia.com/gpu")
-        if self.kind == "vllm" and gpu is not None and str(gpu) != str(self.gpus_per_replica):
-            raise ValueError("engine.resources.limits['nvidia.com/gpu'] must equal engine.gpusPerReplica")
+        check_env(self.env)
+        if self.resources is not None:
+            check_resources(self.resources)
+        check_gpu_limit(self.kind, self.gpus_per_replica, self.resources)
         if self.pod_template is not None:
-            _check_pod_template(self.pod_template)
+            check_pod_template(self.pod_template)
         return self
-
-
-def _check_pod_template(template: dict[str, Any]) -> None:
-    """Reject overlays that would break what the operator relies on (pure)."""
-    unknown = set(template) - {"metadata", "spec"}
-    if unknown:
-        raise ValueError(f"engine.podTemplate may only have metadata and spec, not {sorted(unknown)}")
-    meta = template.get("metadata") or {}
-    if not isinstance(meta, dict) or set(meta) - {"labels", "annotations"}:
-        raise ValueError("engine.podTemplate.metadata may only set labels and annotations")
-    if any(str(k).startswith("rolloutpool.io/") for k in meta.get("labels") or {}):
-        raise ValueError("engine.podTemplate may not set rolloutpool.io/ labels (the operator selects pods by them)")
-    spec = template.get("spec") or {}
-    if not isinstance(spec, dict):
-        raise ValueError("engine.podTemplate.spec must be an object")
-    for container in spec.get("containers") or []:
-        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
-            raise ValueError("engine.podTemplate.spec.containers entries need a name")
 
 
 class ConcurrencySpec(SpecModel):

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from typing import cast
 from urllib.parse import urlsplit
 
+import httptools
+
 __all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _MAX_HEAD = 64 * 1024
@@ -38,27 +40,6 @@ class UpstreamError(ConnectionError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def _parse_headers(lines: list[str], *, keep_alive: bool) -> tuple[list[tuple[str, str]], int | None, bool, bool]:
-    """Headers, Content-Length, chunked, keep-alive of a response head's header lines."""
-    headers = []
-    length, chunked = None, False
-    for line in lines:
-        name, _, value = line.partition(":")
-        value = value.strip()
-        headers.append((name, value))
-        lower = name.lower()
-        if lower == "content-length":
-            if not value.isdigit():
-                raise UpstreamError("BadHead", f"bad Content-Length {value!r}")
-            length = int(value)
-        elif lower == "transfer-encoding":
-            chunked = "chunked" in value.lower()
-        elif lower == "connection":
-            tokens = value.lower()
-            keep_alive = "close" not in tokens and (keep_alive or "keep-alive" in tokens)
-    return headers, length, chunked, keep_alive
 
 
 class UpstreamResponse(asyncio.Protocol):
@@ -75,10 +56,10 @@ class UpstreamResponse(asyncio.Protocol):
     def _reset(self) -> None:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
-        self._head = bytearray()
-        self._mode = "head"  # head, length, chunked, close, done
-        self._left = 0
-        self._chunked = bytearray()
+        # a fresh parser per request: a HEAD answer, an error or a close-delimited body leave llhttp mid-message
+        self._parser = httptools.HttpResponseParser(self)
+        self._mode = "head"  # head, body, close, done
+        self._sized = False  # Content-Length or Transfer-Encoding seen: the body does not run to the end
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._error: BaseException | None = None
@@ -99,12 +80,24 @@ class UpstreamResponse(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
         try:
-            if self._mode == "head":
-                self._feed_head(data)
-            else:
-                self._feed_body(data)
+            if self._mode == "done":
+                raise UpstreamError("BadBody", "the replica sent data after its answer")
+            self._parser.feed_data(data)
+            if self._mode == "head" and self.received > _MAX_HEAD:
+                raise UpstreamError("BadHead", "the replica's response head is too large")
         except UpstreamError as exc:
             self._fail(exc)
+            self.close()
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            if isinstance(cause, UpstreamError):
+                self._fail(cause)
+            else:
+                kind = "BadHead" if self._mode == "head" else "BadBody"
+                self._fail(UpstreamError(kind, f"malformed answer from the replica: {exc}"))
+            self.close()
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError("BadHead", "the replica switched protocols"))
             self.close()
         self._wake()
 
@@ -116,93 +109,43 @@ class UpstreamResponse(asyncio.Protocol):
             self._fail(UpstreamError("ServerDisconnectedError", "the replica closed the connection mid-answer"))
         self._wake()
 
-    # -- parsing ----------------------------------------------------------------------
+    # -- llhttp's callbacks (httptools.HttpResponseParser) ------------------------------------
 
-    def _feed_head(self, data: bytes) -> None:
-        self._head += data
-        end = self._head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._head) > _MAX_HEAD:
-                raise UpstreamError("BadHead", "the replica's response head is too large")
-            return
-        lines = self._head[:end].decode("latin-1").split("\r\n")
-        rest = bytes(self._head[end + 4 :])
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise UpstreamError("BadHead", f"not an HTTP/1.x response: {lines[0][:80]!r}")
-        status = int(parts[1])
-        if 100 <= status < 200:  # an interim answer (100 Continue): the real head follows
-            self._head = bytearray()
-            if rest:
-                self._feed_head(rest)
-            return
-        headers, length, chunked, self._keep_alive = _parse_headers(lines[1:], keep_alive=parts[0] == "HTTP/1.1")
-        self.status, self.headers = status, headers
-        if self._head_only or status in (204, 304):
-            self._mode = "done"
-        elif chunked:
-            self._mode = "chunked"
-        elif length is not None:
-            self._mode, self._left = "length", length
-            if length == 0:
-                self._mode = "done"
-        else:
-            self._mode, self._keep_alive = "close", False
-        if rest:
-            self._feed_body(rest)
-
-    def _feed_body(self, data: bytes) -> None:
-        mode = self._mode
-        if mode == "length":
-            if len(data) > self._left:
-                raise UpstreamError("BadBody", "the replica sent more than its Content-Length")
-            self._push(data)
-            self._left -= len(data)
-            if self._left == 0:
-                self._mode = "done"
-        elif mode in ("chunked", "trailer"):
-            self._feed_chunked(data)
-        elif mode == "close":
-            self._push(data)
-        elif data:
+    def on_message_begin(self) -> None:
+        if self._mode == "done":  # a second answer to one request: the replica is out of step
             raise UpstreamError("BadBody", "the replica sent data after its answer")
 
-    def _feed_chunked(self, data: bytes) -> None:
-        buf = self._chunked
-        buf += data
-        while True:
-            if self._mode == "trailer":  # after the last chunk: optional trailer lines, then an empty line
-                if buf[:2] == b"\r\n" or buf.find(b"\r\n\r\n") >= 0:
-                    self._mode = "done"
-                    buf.clear()
-                return
-            if self._left > 0:  # inside a chunk's data
-                take = min(self._left, len(buf))
-                if take == 0:
-                    return
-                self._push(bytes(buf[:take]))
-                del buf[:take]
-                self._left -= take
-                if self._left == 0:
-                    self._left = -1  # the CRLF after the data comes next
-                continue
-            if self._left == -1:
-                if len(buf) < 2:
-                    return
-                del buf[:2]
-                self._left = 0
-            line_end = buf.find(b"\r\n")
-            if line_end < 0:
-                return
-            try:
-                size = int(bytes(buf[:line_end]).split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise UpstreamError("BadBody", "malformed chunked encoding") from None
-            del buf[: line_end + 2]
-            if size == 0:
-                self._mode = "trailer"
-            else:
-                self._left = size
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._mode != "head":  # a chunked body's trailer: not forwarded
+            return
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1").strip()))
+        lower = name.lower()
+        if lower in (b"content-length", b"transfer-encoding"):
+            self._sized = True
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue): llhttp parses the real head next
+            self.headers = []
+            self._sized = False
+            return
+        self.status = status
+        self._keep_alive = self._parser.should_keep_alive()
+        if self._head_only or status in (204, 304):
+            self._mode = "done"
+        elif self._sized:
+            self._mode = "body"
+        else:  # no length: the body runs to the end of the connection
+            self._mode, self._keep_alive = "close", False
+
+    def on_body(self, body: bytes) -> None:
+        if self._mode == "done":  # after a HEAD answer, what llhttp takes for its body
+            raise UpstreamError("BadBody", "the replica sent data after its answer")
+        self._push(body)
+
+    def on_message_complete(self) -> None:
+        if self._mode in ("body", "close"):
+            self._mode = "done"
 
     def _push(self, data: bytes) -> None:
         if data:
