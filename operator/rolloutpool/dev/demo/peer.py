@@ -34,13 +34,16 @@ def find_vllm_router() -> str:
 
 
 def peer_engine_args(pool: dict[str, Any], index: int, *, port: int) -> list[str]:
-    """The arguments of the pool's engine pod ``index``, listening on ``LOOPBACK:port`` instead (pure)."""
+    """The arguments of the pool's engine pod ``index``, listening on ``LOOPBACK:port`` instead (pure).
+
+    Without the pod's KV-event publisher: vllm-router reads none, and every peer engine would bind the same port.
+    """
     spec = RolloutPoolSpec.model_validate(pool["spec"])
     # the pod builder names its owner; these processes have none, so any uid does
     owned = {**pool, "metadata": {"namespace": "default", "uid": "none", **pool["metadata"]}}
     pod = engine_pod(pool=owned, spec=spec, index=index, default_image="unused")
     args: list[str] = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")["args"]
-    kept = [a for a in args if not a.startswith(("--host=", "--port="))]
+    kept = [a for a in args if not a.startswith(("--host=", "--port=", "--kv-events-config"))]
     return [f"--host={LOOPBACK}", f"--port={port}", *kept]
 
 
