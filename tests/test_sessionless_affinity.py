@@ -94,6 +94,15 @@ async def test_idle_implicit_sessions_are_released_and_do_not_count_as_finished(
         assert not r.service.proxy.implicit.index.sessions
 
 
+async def test_implicit_sessions_are_not_renewed() -> None:
+    async with engines(1) as urls, router(urls, renew_every_s=0.05) as r:
+        await _chat(r, _messages("one " * 40))
+        await asyncio.sleep(0.3)
+        assert r.service.renewer is not None
+        assert r.service.renewer.records == {}
+        assert await r.metric("rolloutpool_router_renewals_total") == 0
+
+
 async def test_without_implicit_sessions_a_sessionless_request_is_one_turn() -> None:
     async with engines(2) as urls, router(urls, implicit=None) as r:
         await _chat(r, _messages("one"))
