@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from routerkit import MODEL, engines, router
 
 from rolloutpool.dev.bench.sessionless import SessionlessConfig, measure
 from rolloutpool.routing.implicit import ImplicitConfig
+from routerkit import MODEL, engines, router
 
 VLLM_ROUTER = shutil.which("vllm-router") or shutil.which("vllm-router", path=str(Path(sys.executable).parent))
 

@@ -122,9 +122,16 @@ def _account(tally: _Tally, usage: dict[str, Any], previous_prompt: int | None) 
 
 
 async def _chat_rollout(
-    http: aiohttp.ClientSession, url: str, cfg: SessionlessConfig, index: int, task: str, sid: str | None, tally: _Tally
+    http: aiohttp.ClientSession,
+    url: str,
+    cfg: SessionlessConfig,
+    *,
+    index: int,
+    task: str,
+    sid: str | None,
+    tally: _Tally,
 ) -> None:
-    rng = random.Random(cfg.seed * 1000 + index)
+    rng = random.Random(cfg.seed * 1000 + index)  # noqa: S311 -- a reproducible workload, not cryptography
     headers = {} if sid is None else {"X-Session-ID": sid}
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a careful agent. Use the tools."},
@@ -156,9 +163,9 @@ async def _chat_rollout(
 
 
 async def _token_rollout(
-    http: aiohttp.ClientSession, url: str, cfg: SessionlessConfig, index: int, sid: str | None, tally: _Tally
+    http: aiohttp.ClientSession, url: str, cfg: SessionlessConfig, *, index: int, sid: str | None, tally: _Tally
 ) -> None:
-    rng = random.Random(cfg.seed * 1000 + index)
+    rng = random.Random(cfg.seed * 1000 + index)  # noqa: S311 -- a reproducible workload, not cryptography
     headers = {} if sid is None else {"X-Session-ID": sid}
     prompt = [rng.randrange(1000, 30000) for _ in range(cfg.prompt_tokens)]
     previous_prompt, previous_replica = None, None
@@ -195,11 +202,11 @@ async def run_rollouts(url: str, cfg: SessionlessConfig, *, workload: str, with_
         for i in range(cfg.rollouts):
             sid = f"rollout-{workload}-{i}" if with_ids else None
             if workload == "areal":
-                jobs.append(_token_rollout(http, url, cfg, i, sid, tally))
+                jobs.append(_token_rollout(http, url, cfg, index=i, sid=sid, tally=tally))
                 continue
             task_id = i // cfg.group_size if workload == "grpo" else i
             task = f"Task {task_id}: " + _words(f"t{task_id}_", cfg.prompt_tokens)
-            jobs.append(_chat_rollout(http, url, cfg, i, task, sid, tally))
+            jobs.append(_chat_rollout(http, url, cfg, index=i, task=task, sid=sid, tally=tally))
         await asyncio.gather(*jobs)
     return tally
 
@@ -281,7 +288,8 @@ def measure(router: str, workload: str, cfg: SessionlessConfig, *, log_dir: Path
 
 
 def _table(rows: Sequence[Row]) -> str:
-    lines = [f"{'workload':<8} {'router':<12} {'lost':>9} {'moved':>6} {'hit ratio':>9} {'per engine':>12} {'errors':>6}"]
+    head = f"{'workload':<8} {'router':<12} {'lost':>9} {'moved':>6} {'hit ratio':>9} {'per engine':>12} {'errors':>6}"
+    lines = [head]
     for r in rows:
         moved = "-" if r.moved_turns is None else str(r.moved_turns)
         spread = "/".join(str(n) for n in r.requests_per_engine)
@@ -294,7 +302,9 @@ def _table(rows: Sequence[Row]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurement; print the table (and write JSON with ``--out``)."""
-    parser = argparse.ArgumentParser(prog="python -m rolloutpool.dev.bench.sessionless", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rolloutpool.dev.bench.sessionless", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
