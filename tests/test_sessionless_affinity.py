@@ -17,7 +17,7 @@ import pytest
 
 from rolloutpool.dev.bench.sessionless import SessionlessConfig, measure
 from rolloutpool.routing.implicit import ImplicitConfig
-from routerkit import MODEL, engines, router
+from routerkit import MODEL, engines, router, sse
 
 VLLM_ROUTER = shutil.which("vllm-router") or shutil.which("vllm-router", path=str(Path(sys.executable).parent))
 
@@ -47,6 +47,27 @@ async def test_a_sessionless_chat_returns_to_its_replica_as_one_session() -> Non
         assert len(r.manager.table.sessions) == 4
         assert await r.metric("rolloutpool_router_implicit_sessions_total", outcome="matched") == 4
         assert await r.metric("rolloutpool_router_implicit_sessions_total", outcome="created") == 4
+
+
+async def test_a_streamed_answer_is_the_tip_of_the_next_turn() -> None:
+    async with engines(2) as urls, router(urls) as r:
+        messages = _messages("streamed task " + "w " * 60)
+        body = {"model": MODEL, "messages": messages, "max_tokens": 8, "stream": True}
+        async with r.http.post(f"{r.url}/v1/chat/completions", json=body) as resp:
+            events = await sse(resp)
+            replica = resp.headers["X-RolloutPool-Replica"]
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if isinstance(e, dict) and e["choices"]
+        )
+        implicit = r.service.proxy.implicit
+        assert implicit is not None
+        assert implicit.index.sessions["implicit-1"].tips  # the stream's text made the tip
+        # a second, unrelated conversation takes the other replica; the continuation must not follow load
+        await _chat(r, _messages("another task " + "v " * 60))
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+        _, again = await _chat(r, messages)
+        assert again == replica
+        assert await r.metric("rolloutpool_router_implicit_sessions_total", outcome="matched") == 1
 
 
 async def test_grpo_samples_of_one_prompt_are_separate_sessions_in_one_group() -> None:
