@@ -75,6 +75,8 @@ def test_request_shapes_without_keys() -> None:
     assert request_keys("/v1/responses", {"input": "x"}) is None
     assert request_keys("/v1/completions", {"prompt": [[1, 2, 3]]}) is not None  # a batch of one
     assert request_keys("/inference/v1/generate", {"token_ids": [1, 2]}) is not None
+    assert request_keys("/v1/completions", {"prompt": [1.5] * 20}) is None  # not token ids
+    assert request_keys("/v1/completions", {"prompt": [2**70] * 20}) is None  # past 64 bits
 
 
 def test_the_tip_of_a_token_turn_is_the_next_prompts_prefix() -> None:

@@ -21,9 +21,10 @@ A batch of prompts, prompt embeddings, ``/v1/responses`` and ``/v1/messages`` gi
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 import orjson
 
@@ -125,8 +126,10 @@ def token_keys(ids: Sequence[int], *, start: bytes | None = None, block: int = T
     previous = _SEED["tokens"] if start is None else start
     chain = []
     full = len(ids) - len(ids) % block
-    for i in range(0, full, block):
-        previous = _link(previous, orjson.dumps(list(ids[i : i + block])))
+    packed = (ids if isinstance(ids, array) else array("q", ids))[:full].tobytes()  # 8 bytes an id, then slices
+    step = 8 * block
+    for i in range(0, len(packed), step):
+        previous = _link(previous, packed[i : i + step])
         chain.append(previous)
     return PrefixKeys("tokens", tuple(chain), tuple(ids[full:]))
 
@@ -142,16 +145,24 @@ def text_keys(text: str, *, start: bytes | None = None, chunk: int = TEXT_CHUNK)
     return PrefixKeys("text", tuple(chain), text[full:])
 
 
-def _is_ids(value: object) -> TypeGuard[list[int]]:
-    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+def _int_array(value: object) -> array[int] | None:
+    """``value`` as an array of 64-bit ids when it is a non-empty list of ints (one C pass), else None."""
+    if not isinstance(value, list) or not value or type(value[0]) is not int:
+        return None
+    try:
+        return array("q", value)
+    except (TypeError, OverflowError):  # not all ints (a float, a list: a batch), or past 64 bits
+        return None
 
 
 def _prompt_keys(prompt: object) -> PrefixKeys | None:
-    if isinstance(prompt, list) and len(prompt) == 1 and not _is_ids(prompt):  # a batch of one
+    ids = _int_array(prompt)
+    if ids is None and isinstance(prompt, list) and len(prompt) == 1:  # a batch of one
         prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text_keys(prompt)
-    return token_keys(prompt) if _is_ids(prompt) else None
+        ids = _int_array(prompt)
+    if ids is not None:
+        return token_keys(ids)
+    return text_keys(prompt) if isinstance(prompt, str) else None
 
 
 def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
@@ -162,8 +173,8 @@ def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
     if path == "/v1/completions":
         return _prompt_keys(body.get("prompt"))
     if path in {"/inference/v1/generate", "/skyrl/v1/generate"}:
-        ids = body.get("token_ids")
-        return token_keys(ids) if _is_ids(ids) else None
+        ids = _int_array(body.get("token_ids"))
+        return None if ids is None else token_keys(ids)
     return None
 
 
@@ -177,7 +188,10 @@ def extend(keys: PrefixKeys, appended: object) -> tuple[bytes, ...]:
     if keys.kind == "chat":
         return chat_keys([appended], start=start).chain
     if keys.kind == "tokens" and isinstance(keys.tail, tuple) and isinstance(appended, list | tuple):
-        return token_keys([*keys.tail, *appended], start=start).chain
+        try:
+            return token_keys([*keys.tail, *appended], start=start).chain
+        except (TypeError, OverflowError):  # not 64-bit ids
+            return ()
     if keys.kind == "text" and isinstance(keys.tail, str) and isinstance(appended, str):
         return text_keys(keys.tail + appended, start=start).chain
     return ()
