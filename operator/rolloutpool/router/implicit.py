@@ -11,6 +11,7 @@ the response ends. The expiry loop releases implicit sessions idle past their ti
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,7 +42,8 @@ class ImplicitSessions:
     def __init__(self, config: ImplicitConfig, manager: SessionManager) -> None:
         self.manager = manager
         self.metrics = manager.metrics
-        self.index = ImplicitIndex(config)
+        self.index = ImplicitIndex(config, prefix=f"implicit-{uuid.uuid4().hex[:8]}-")
+        """Ids ``implicit-<run>-<n>``: a restarted router (its table restored from a snapshot) reuses none."""
 
     def resolve(self, path: str, raw: bytes) -> Resolved | None:
         """The implicit session of a sessionless generation request; None when its body gives no prefix keys."""
