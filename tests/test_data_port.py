@@ -52,6 +52,7 @@ def _router(procs: ProcessSet, engines: dict[str, str], name: str, *extra: str) 
     token.write_text(TOKEN)
     argv = rolloutpool_argv(
         "router", f"--host={LOOPBACK}", f"--port={port}", "--cap=1", "--queue-timeout=3", "--scrape-interval=0.2",
+        "--no-implicit-sessions",  # at cap 1 a sessionless turn is one turn here (implicit: test_sessionless_affinity)
         f"--admin-token-file={token}", *(f"--replica={n}={u}" for n, u in engines.items()), *extra,
     )  # fmt: skip
     procs.start(name, argv, ready_url=f"{url}/healthz")

@@ -199,7 +199,7 @@ async def test_group_members_share_a_replica_while_it_fits() -> None:
 
 
 async def test_release_paths_and_unknown_releases() -> None:
-    async with engines(2) as urls, router(urls) as rt:
+    async with engines(2) as urls, router(urls, implicit=None) as rt:  # a sessionless request is one turn
         for sid in ("a", "b", "c"):
             assert (await rt.complete(prompt(1, 10), session=sid))[0] == 200
         assert (await rt.complete(prompt(2, 10)))[0] == 200  # no key: one turn, released at once
@@ -244,7 +244,7 @@ async def test_bad_input_is_an_openai_error_and_changes_nothing() -> None:
         status, body = await rt.request("GET", "/v1/nothing")
         assert status == 404  # an unknown path is the router's 404, naming --allow-path
         assert "--allow-path /v1/nothing" in body["error"]["message"]
-        # no model: the engine's one model serves it, as vLLM does (AReaL sends none); a one-turn request
+        # no model: the engine's one model serves it, as vLLM does (AReaL sends none); an implicit session
         async with rt.http.post(f"{rt.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as resp:
             assert resp.status == 200, await resp.text()
             assert (await resp.json())["model"] == "sim"
@@ -254,7 +254,7 @@ async def test_bad_input_is_an_openai_error_and_changes_nothing() -> None:
         async with rt.http.post(f"{rt.url}/v1/completions", json={"model": "other", "prompt": "x"}) as resp:
             assert resp.status == 404
             assert (await resp.json())["error"]["type"] == "NotFoundError"
-        assert rt.live() == {"e0": 1}
+        assert rt.live() == {"e0": 2}  # "s" and the sessionless request's implicit session
     await no_leaked_tasks()
 
 

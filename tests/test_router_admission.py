@@ -68,7 +68,7 @@ async def test_releasing_a_queued_session_takes_it_out_of_the_queue() -> None:
 
 
 async def test_queue_timeout_is_503_and_a_proxied_request_waits_too() -> None:
-    async with engines(1) as urls, router(urls, cap=1, queue_timeout_s=0.3) as rt:
+    async with engines(1) as urls, router(urls, cap=1, queue_timeout_s=0.3, implicit=None) as rt:  # one-turn requests
         assert (await rt.complete("hello there", session="a"))[0] == 200
         started = time.monotonic()
         status, body, resp = await rt.post("/v1/sessions", {"session_id": "b"})

@@ -298,7 +298,7 @@ async def test_renewal_records_follow_the_sessions_life() -> None:
     """Turns proceed while a renewal is in flight; expiry, release and a replica's removal forget a session."""
     async with (
         engines(2, added_latency_ms=150.0) as urls,  # slow answers: renewals are in flight most of the time
-        router(urls, renew_every_s=0.05, idle_timeout_s=60.0) as rt,
+        router(urls, renew_every_s=0.05, idle_timeout_s=60.0, implicit=None) as rt,  # T's placement counts on it
     ):
         renewer = rt.service.renewer
         history = words("s", 60)

@@ -90,6 +90,35 @@ def _default_state(host: str, port: int) -> Path | None:
     "--cap-ceiling", type=click.IntRange(min=0), default=None, help="Hard limit on live sessions per replica."
 )
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
+@click.option(
+    "--no-implicit-sessions",
+    is_flag=True,
+    help="A generation request without a session id is a one-turn session, instead of continuing the conversation "
+    "its prefix extends (docs/sessionless-clients.md).",
+)
+@click.option(
+    "--implicit-idle-timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="An implicit (sessionless) session idle this long is released.",
+)
+@click.option(
+    "--implicit-max-entries",
+    type=click.IntRange(min=1),
+    default=65536,
+    show_default=True,
+    help="Most conversation-prefix digests remembered for sessionless clients (LRU; about 150 bytes each).",
+)
+@click.option(
+    "--implicit-yield-after",
+    type=click.IntRange(min=0),
+    default=16,
+    show_default=True,
+    help="Sessionless requests sharing one prefix (a GRPO group) co-located with the first; later ones are "
+    "placed by load.",
+)
 @click.option("--queue-max", type=click.IntRange(min=0), default=1024, show_default=True)
 @click.option("--queue-timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
 @click.option("--scrape-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
@@ -194,6 +223,10 @@ def router_command(
     cap: int | None,
     cap_ceiling: int | None,
     idle_timeout: float,
+    no_implicit_sessions: bool,
+    implicit_idle_timeout: float,
+    implicit_max_entries: int,
+    implicit_yield_after: int,
     queue_max: int,
     queue_timeout: float,
     scrape_interval: float,
@@ -226,6 +259,7 @@ def router_command(
         parse_kv_events_endpoint,
         parse_kv_events_port,
     )
+    from rolloutpool.routing.implicit import ImplicitConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
     from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
 
@@ -263,6 +297,11 @@ def router_command(
             "cap": cap,
             "cap_ceiling": cap_ceiling,
             "idle_timeout_s": idle_timeout,
+            "implicit": None
+            if no_implicit_sessions
+            else ImplicitConfig(
+                max_entries=implicit_max_entries, idle_timeout_s=implicit_idle_timeout, yield_after=implicit_yield_after
+            ),
             "queue_max": queue_max,
             "queue_timeout_s": queue_timeout,
             "scrape_interval_s": scrape_interval,

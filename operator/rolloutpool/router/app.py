@@ -222,6 +222,8 @@ class RouterService:
         while True:
             await asyncio.sleep(self.config.expiry_interval_s)
             self.manager.expire()
+            if self.proxy.implicit is not None:
+                self.proxy.implicit.expire()
 
     # -- plain endpoints ---------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from rolloutpool.router.kv_sources import KvEventsSettings
 from rolloutpool.routing.caps import CapRule
+from rolloutpool.routing.implicit import ImplicitConfig
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
@@ -84,6 +85,10 @@ class RouterConfig:
     """``true`` on a request releases its session after the response."""
     session_body_fields: tuple[str, ...] = DEFAULT_BODY_FIELDS
     """Body fields (dotted) read for the session key, in order, when no ``session_header`` carries it."""
+    implicit: ImplicitConfig | None = field(default_factory=ImplicitConfig)
+    """Implicit sessions for generation requests without a session id, matched on their conversation prefix
+    (:mod:`rolloutpool.routing.implicit`, docs/sessionless-clients.md); None (``--no-implicit-sessions``): each such
+    request is a one-turn session."""
     idle_timeout_s: float = 1800.0
     """A session idle this long is released (the safety net, never the main path)."""
     expiry_interval_s: float = 5.0

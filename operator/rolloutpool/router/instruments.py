@@ -173,6 +173,15 @@ class RouterMetrics:
         )
         self.releases = Counter(f"{PREFIX}releases", "Sessions released, by how", ["how"], registry=r)
         self.expiries = Counter(f"{PREFIX}expiries", "Sessions released by idle expiry", registry=r)
+        self.implicit = Counter(
+            f"{PREFIX}implicit_sessions",
+            "Sessionless generation requests by what their prefix matched (created, matched, forked, yielded)",
+            ["outcome"],
+            registry=r,
+        )
+        self.implicit_entries = Gauge(
+            f"{PREFIX}implicit_index_entries", "Conversation-prefix digests held for sessionless clients", registry=r
+        )
         self.rejections = Counter(
             f"{PREFIX}admission_rejections", "New sessions refused by the admission queue", ["reason"], registry=r
         )

@@ -8,7 +8,9 @@ health, metrics), after :func:`rolloutpool.routing.paths.classify` says what the
   :mod:`rolloutpool.routing.sessionkey`), then the session's replica, placed under caps through the
   admission queue when new, then the received bytes forwarded unchanged
   (:mod:`rolloutpool.routing.requestbody` reads the few fields routing needs without decoding the
-  body). A request without a key is a one-turn session released when it ends. A session that the
+  body). A request without a key continues the implicit session whose conversation it extends
+  (:mod:`rolloutpool.router.implicit`, docs/sessionless-clients.md); with ``--no-implicit-sessions``, or
+  when its body gives no prefix keys, it is a one-turn session released when it ends. A session that the
   request created is released again when the engine refuses that request (any status but 2xx), so a
   rejected request leaves no session behind. A body without ``model`` goes to the engine as it came:
   vLLM serves its one model then, and so does the router.
@@ -53,6 +55,7 @@ from multidict import CIMultiDict
 
 from rolloutpool.router.config import RouterConfig
 from rolloutpool.router.errors import error_body, error_response
+from rolloutpool.router.implicit import ImplicitSessions, Resolved
 from rolloutpool.router.relay import EventRelay, parse_usage, response_usage
 from rolloutpool.router.renewal_body import TextCollector, response_text
 from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager
@@ -163,6 +166,8 @@ class Proxy:
         """One of N routers (``router/fleet.py``): a session owned by another router is forwarded to it."""
         self.config = manager.config
         self.metrics = manager.metrics
+        self.implicit = None if self.config.implicit is None else ImplicitSessions(self.config.implicit, manager)
+        """Sessionless requests matched to the conversation their prefix extends (``--no-implicit-sessions``: off)."""
         self.owned: tuple[str, ...] = ()
         """Path prefixes the router serves itself: a method it does not serve there is a 405, not forwarded."""
         self._timeout = upstream_timeout(self.config)
@@ -258,26 +263,30 @@ class Proxy:
     async def serve(self, request: web.Request, path: str, body: RequestBody) -> web.StreamResponse:
         """Place (or find) the request's session, forward the request there, then account for the turn."""
         cfg = self.config
-        ephemeral = body.key is None
-        sid = body.key if body.key is not None else f"{self._oneshot_prefix}{next(self._oneshot)}"
+        sid, implicit = self._session_of(path, body)
+        ephemeral = body.key is None and implicit is None
         headers = request.headers
-        group = headers.get(cfg.group_header) or None
+        group = headers.get(cfg.group_header) or (None if implicit is None else implicit.group)
         try:
             session, created = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
         except AdmissionError as exc:
+            if implicit is not None and self.implicit is not None:
+                self.implicit.ended(implicit)
             return admission_response(exc, cfg)
         self.manager.weights.note_salt(sid, body.salt)  # a new salt re-prefills: routing/weights.py
         self.manager.begin(session)
-        renewer = None if ephemeral or path not in OPENAI_PATHS else self.renewer
+        renewer = None if body.key is None or path not in OPENAI_PATHS else self.renewer
         if renewer is not None:
             renewer.turn_started(sid)
         status = 500
         try:
-            response = await self._forward(request, session, path, body, renewer)
+            response = await self._forward(request, session, path, body, renewer, implicit=implicit)
             status = response.status
             return response
         finally:
             self.manager.end(session)
+            if implicit is not None and self.implicit is not None:
+                self.implicit.ended(implicit)
             if ephemeral:
                 if self.manager.is_current(session):
                     self.manager.release(sid, how="request")
@@ -287,6 +296,15 @@ class Proxy:
                 self.manager.release(sid, how="final")
             if renewer is not None:
                 renewer.turn_ended(session)
+
+    def _session_of(self, path: str, body: RequestBody) -> tuple[str, Resolved | None]:
+        """The request's session id: its key, else its implicit session, else a fresh one-turn id."""
+        if body.key is not None:
+            return body.key, None
+        implicit = None if self.implicit is None else self.implicit.resolve(path, body.body)
+        if implicit is not None:
+            return implicit.session_id, implicit
+        return f"{self._oneshot_prefix}{next(self._oneshot)}", None
 
     def _auxiliary_replica(self, key: str | None) -> str | None:
         """Where an auxiliary request goes: its live session's replica, else the next ready replica in turn."""
@@ -334,15 +352,22 @@ class Proxy:
                 upstream.release()
 
     async def _forward(
-        self, request: web.Request, session: Session, path: str, body: RequestBody, renewer: Renewer | None
+        self,
+        request: web.Request,
+        session: Session,
+        path: str,
+        body: RequestBody,
+        renewer: Renewer | None,
+        *,
+        implicit: Resolved | None = None,
     ) -> web.StreamResponse:
         replica = session.replica
         if self._pool is None:
             raise RuntimeError("the proxy serves only between startup and cleanup")
         data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
         headers = _forward_headers(request)
-        if body.key is not None and self.config.session_header not in request.headers:  # vLLM stamps KV events with it
-            headers.append((self.config.session_header, body.key))
+        if (body.key is not None or implicit is not None) and self.config.session_header not in request.headers:
+            headers.append((self.config.session_header, session.session_id))  # vLLM stamps KV events with it
         try:
             upstream = await self._pool.request(
                 self.manager.runtime[replica].spec.url, request.method, request.raw_path, headers, data
@@ -354,10 +379,13 @@ class Proxy:
         try:
             ctype = upstream.header("Content-Type")
             if upstream.status == 200 and ctype.startswith("text/event-stream"):
-                collector = None if renewer is None else TextCollector(path)
+                collect = renewer is not None or (implicit is not None and path in OPENAI_PATHS)
+                collector = TextCollector(path) if collect else None
                 response = await self._relay(
                     request, upstream, session, path, drop_usage_chunk=body.injected, collector=collector
                 )
+                if implicit is not None and self.implicit is not None and collector is not None and collector.finished:
+                    self.implicit.streamed(implicit, collector.text())
                 if renewer is not None and collector is not None and collector.finished:
                     sent = orjson.loads(body.body)
                     renewer.turn_answered(session, path=path, body=sent, text=collector.text(), headers=request.headers)
@@ -371,6 +399,8 @@ class Proxy:
         finally:
             upstream.release()
         if upstream.status == 200:
+            if implicit is not None and self.implicit is not None:
+                self.implicit.answered(implicit, payload)
             self._answered(
                 session=session, path=path, body=body, payload=payload, ctype=ctype, renewer=renewer, request=request
             )

@@ -58,9 +58,12 @@ from rolloutpool.routing.workingset import WorkingSet
 
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
-_NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved", "rejected"})
+_NOT_FINISHED = frozenset(
+    {"replaced", "upstream_error", "replica_lost", "moved", "rejected", "implicit_idle", "implicit_evicted"}
+)
 """Release paths that say nothing about the replica's pressure (the session did not finish there; ``rejected``:
-the engine refused the request that created it)."""
+the engine refused the request that created it; ``implicit_*``: a sessionless conversation's index entry timed
+out or was evicted, which says nothing of whether the rollout finished, routing/implicit.py)."""
 
 
 class Ledger:
