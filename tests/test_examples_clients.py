@@ -31,7 +31,6 @@ def _vllm_router_installed() -> bool:
 
 
 ROUTERS = ["ours", *(["vllm-sticky", "vllm-cache-aware"] if _vllm_router_installed() else [])]
-IMPLICIT_SESSIONS = pytest.mark.xfail(strict=True, reason="implicit sessions land in a separate branch")
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +91,7 @@ def test_clients_with_a_session_id_keep_their_replica_and_pass(
     assert summary["exit"] == 0, summary["verdicts"]
 
 
-@pytest.mark.parametrize(
-    "router", [pytest.param("ours", marks=IMPLICIT_SESSIONS), *(r for r in ROUTERS if r == "vllm-cache-aware")]
-)
+@pytest.mark.parametrize("router", ["ours", *(r for r in ROUTERS if r == "vllm-cache-aware")])
 @pytest.mark.parametrize("client", SESSIONLESS)
 def test_sessionless_clients_keep_their_replica_and_pass(
     summaries: dict[str, dict[str, Any]], client: str, router: str

@@ -184,3 +184,15 @@ def test_idle_sessions_expire_but_not_while_a_turn_runs() -> None:
 def test_config_is_checked() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         ImplicitConfig(max_entries=0)
+
+
+def test_idle_sessions_yield_to_a_queue_longest_idle_first() -> None:
+    from rolloutpool.routing.implicit import ImplicitConfig, ImplicitIndex  # noqa: PLC0415
+
+    index = ImplicitIndex(ImplicitConfig(idle_timeout_s=30.0, yield_idle_s=2.0))
+    made = [index.match([bytes([i + 1]) * 16], now=float(i)) for i in range(3)]
+    for i, resolved in enumerate(made):
+        index.ended(resolved.session_id, now=float(i))
+    assert index.expire(now=2.5) == []  # nobody waits: idle sessions stay until the idle timeout
+    assert index.expire(now=2.5, waiting=5) == [(made[0].session_id, "implicit_yield")]  # the others idle < 2 s
+    assert index.expire(now=10.0, waiting=1) == [(made[1].session_id, "implicit_yield")]

@@ -219,9 +219,14 @@ class RouterService:
         _log.info("Stopped router sessions=%d", len(self.manager.table.sessions))
 
     async def _expire_loop(self) -> None:
+        tick = min(self.config.expiry_interval_s, 1.0)  # implicit sessions yield to a queue within a second
+        since = 0.0
         while True:
-            await asyncio.sleep(self.config.expiry_interval_s)
-            self.manager.expire()
+            await asyncio.sleep(tick)
+            since += tick
+            if since >= self.config.expiry_interval_s:
+                since = 0.0
+                self.manager.expire()
             if self.proxy.implicit is not None:
                 self.proxy.implicit.expire()
 

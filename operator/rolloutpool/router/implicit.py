@@ -6,7 +6,8 @@ the index; the proxy then serves it as a turn of the implicit session it names, 
 that session's replica and counts as that session in the ledger (turn scheduling, caps,
 re-prefill measurement). The answer's tips (:mod:`rolloutpool.routing.answers`) are recorded when
 the response ends. The expiry loop releases implicit sessions idle past their timeout
-(``implicit_idle``) or whose digests were all evicted (``implicit_evicted``).
+(``implicit_idle``) or whose digests were all evicted (``implicit_evicted``), and, while new sessions
+queue for a place, those idle a little while (``implicit_yield``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,6 @@ class ImplicitSessions:
 
     def expire(self) -> None:
         """Release implicit sessions idle past the timeout or evicted from the index (the expiry loop)."""
-        for sid, how in self.index.expire(now=self.manager.clock()):
+        for sid, how in self.index.expire(now=self.manager.clock(), waiting=self.manager.queue_depth):
             self.manager.release(sid, how=how)
         self.metrics.implicit_entries.set(len(self.index))

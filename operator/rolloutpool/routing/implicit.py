@@ -45,6 +45,10 @@ class ImplicitConfig:
     """An implicit session idle this long is released (``implicit_idle``)."""
     yield_after: int = 16
     """Forks of one prefix co-located with its first session; later ones are placed freely."""
+    yield_idle_s: float = 2.0
+    """While new sessions wait for a place, implicit sessions idle this long are released, longest idle first
+    (``implicit_yield``): nothing says a sessionless conversation ended, and a fixed cap would hold its slot for the
+    whole idle timeout."""
 
     def __post_init__(self) -> None:
         if self.max_entries < 1 or self.yield_after < 0 or not self.idle_timeout_s > 0:
@@ -169,16 +173,17 @@ class ImplicitIndex:
                 del self.entries[key]
             self.forks.pop(key, None)
 
-    def expire(self, *, now: float) -> list[tuple[str, str]]:
-        """Sessions to release: (id, how): idle past the timeout, or left with no digest (evicted)."""
+    def expire(self, *, now: float, waiting: int = 0) -> list[tuple[str, str]]:
+        """Sessions to release: (id, how): idle past the timeout, or left with no digest (evicted); and while
+        ``waiting`` new sessions queue, as many idle past ``yield_idle_s`` (longest idle first)."""
         out = [(sid, "implicit_evicted") for sid in self._dropped if sid in self.sessions]
         self._dropped.clear()
         timeout = self.config.idle_timeout_s
-        out += [
-            (s.session_id, "implicit_idle")
-            for s in self.sessions.values()
-            if s.inflight == 0 and now - s.last_seen > timeout
-        ]
+        idle = sorted((s for s in self.sessions.values() if s.inflight == 0), key=lambda s: s.last_seen)
+        out += [(s.session_id, "implicit_idle") for s in idle if now - s.last_seen > timeout]
+        gone = {sid for sid, _ in out}
+        spare = [s for s in idle if s.session_id not in gone and now - s.last_seen >= self.config.yield_idle_s]
+        out += [(s.session_id, "implicit_yield") for s in spare[:waiting]]
         for sid, _ in out:
             self.forget(sid)
         return out

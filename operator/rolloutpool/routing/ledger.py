@@ -59,7 +59,16 @@ from rolloutpool.routing.workingset import WorkingSet
 __all__ = ["Ledger", "LedgerConfig", "ReplicaLimits", "Usage", "Waiting"]
 
 _NOT_FINISHED = frozenset(
-    {"replaced", "upstream_error", "replica_lost", "moved", "rejected", "implicit_idle", "implicit_evicted"}
+    {
+        "replaced",
+        "upstream_error",
+        "replica_lost",
+        "moved",
+        "rejected",
+        "implicit_idle",
+        "implicit_evicted",
+        "implicit_yield",
+    }
 )
 """Release paths that say nothing about the replica's pressure (the session did not finish there; ``rejected``:
 the engine refused the request that created it; ``implicit_*``: a sessionless conversation's index entry timed
