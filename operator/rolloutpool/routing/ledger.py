@@ -81,6 +81,8 @@ class Ledger:
         self._now = 0.0
         """The latest ``now`` an operation was given (caps computed between operations use it)."""
         self.work = None if config.working_set is None else WorkingSet(config.working_set)
+        if config.scheduler is not None:  # a peer's scheduler (routing/peers/) in place of ours
+            self.work = config.scheduler()
         """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py)."""
         self.held: dict[str, int] = {}
         """Session id -> the ticket of its held turn."""
@@ -214,7 +216,26 @@ class Ledger:
             self._tickets += 1
             self.held[current.session_id] = self._tickets
             return Held(self._tickets)
-        return Bound(current, created=False)
+        return Bound(self._follow(current, now=now), created=False)
+
+    def _follow(self, session: Session, *, now: float) -> Session:
+        """A session the scheduler resumes on another replica (a peer's, routing/peers/) is bound there first."""
+        name = None if self.work is None else self.work.destination(session.session_id)
+        if name is None or name == session.replica or name not in self.table.replicas:
+            return session
+        moved = self.table.bind(
+            session.session_id,
+            name,
+            now=now,
+            group=session.group,
+            projected_tokens=session.projected_tokens,
+            prompt_tokens=session.prompt_tokens,
+        )
+        moved.context_tokens, moved.last_seen = session.context_tokens, session.last_seen
+        self._kv_cap(session.replica)
+        self._kv_cap(name)
+        self.events.append(Placed(moved, "moved"))
+        return moved
 
     def _route_again(self, current: Session, placement: Placement, *, now: float) -> Arrival:
         """A non-sticky policy chooses every turn; a session that moves is bound anew on its new replica."""
@@ -556,7 +577,7 @@ class Ledger:
             ticket = self.held.pop(sid, None)
             session = self.table.sessions.get(sid)
             if ticket is not None and session is not None:
-                self.events.append(Resumed(ticket, session))
+                self.events.append(Resumed(ticket, self._follow(session, now=now)))
         if self._kv_cap(name) or resumed:
             self.admit(now=now)
 

@@ -419,6 +419,11 @@ class WorkingSet:
         self.replicas[tracked.replica].held.remove(sid)
         tracked.phase, tracked.since = Phase.LET_GO, now
 
+    def destination(self, sid: str) -> str | None:
+        """Where a session the scheduler just served or resumed must go when not its replica (a peer that resumes a
+        paused program elsewhere, routing/peers/); ours never moves a session: None."""
+        return None
+
     def held(self, name: str) -> int:
         """Turns the replica holds now."""
         work = self.replicas.get(name)

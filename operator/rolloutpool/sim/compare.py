@@ -27,6 +27,7 @@ from typing import Any
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
 from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
+from rolloutpool.sim.peers import PEERS
 from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
 from rolloutpool.sim.workload import scenario
@@ -61,7 +62,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
-Also ``fixed-cap:N`` and ``turns:KEY=VALUE:...`` (:func:`variant`)."""
+Also ``fixed-cap:N``, ``turns:KEY=VALUE:...`` and the peers' names (``thunderagent``, ``progress-ttl``, ``continuum``,
+``continuum-fixed``: :mod:`rolloutpool.sim.peers`) (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -72,6 +74,8 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     """
     if label in VARIANTS:
         return VARIANTS[label]
+    if label in PEERS:  # a peer's turn scheduler or pinning (sim/peers.py): the policy of the same name
+        return label, {}
     name, _, rest = label.partition(":")
     try:
         if name == "fixed-cap":
@@ -84,7 +88,7 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
             return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
     except (ValueError, TypeError) as exc:
         raise ValueError(f"variant {label!r}: {str(exc) or 'N must be a positive whole number'}") from None
-    known = ", ".join(VARIANTS)
+    known = ", ".join((*VARIANTS, *PEERS))
     raise ValueError(f"unknown variant {label!r}; choose from {known}, fixed-cap:N or turns:KEY=VALUE:...")
 
 
