@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
+from rolloutpool.routing.policies import POLICIES
 from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
 from rolloutpool.sim.peers import PEERS
@@ -62,8 +63,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
-Also ``fixed-cap:N``, ``turns:KEY=VALUE:...`` and the peers' names (``thunderagent``, ``progress-ttl``, ``continuum``,
-``continuum-fixed``: :mod:`rolloutpool.sim.peers`) (:func:`variant`)."""
+Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, the peers' names (``thunderagent``, ``progress-ttl``, ``continuum``,
+``continuum-fixed``: :mod:`rolloutpool.sim.peers`) and the other placement policies (``consistent-hash``,
+``clairvoyant``, ...) (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -74,7 +76,7 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     """
     if label in VARIANTS:
         return VARIANTS[label]
-    if label in PEERS:  # a peer's turn scheduler or pinning (sim/peers.py): the policy of the same name
+    if label in PEERS or label in POLICIES:  # a peer's turn scheduler (sim/peers.py) or another placement policy
         return label, {}
     name, _, rest = label.partition(":")
     try:
@@ -88,7 +90,7 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
             return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
     except (ValueError, TypeError) as exc:
         raise ValueError(f"variant {label!r}: {str(exc) or 'N must be a positive whole number'}") from None
-    known = ", ".join((*VARIANTS, *PEERS))
+    known = ", ".join(dict.fromkeys((*VARIANTS, *PEERS, *POLICIES)))
     raise ValueError(f"unknown variant {label!r}; choose from {known}, fixed-cap:N or turns:KEY=VALUE:...")
 
 
