@@ -54,6 +54,16 @@ __all__ = ["router_command"]
     help="A held turn is served after this long whatever the room (bounded wait).",
 )
 @click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
+@click.option(
+    "--turn-scheduler",
+    type=click.Choice(["thunderagent", "progress-ttl"]),
+    default=None,
+    hidden=True,
+    help="A peer's turn scheduler in place of ours, for comparisons (docs/peers.md).",
+)
+@click.option(
+    "--turn-scheduler-config", default=None, hidden=True, metavar="JSON", help="Its config fields as a JSON object."
+)
 @click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
 @click.option(
     "--cap-ceiling", type=click.IntRange(min=0), default=None, help="Hard limit on live sessions per replica."
@@ -136,6 +146,8 @@ def router_command(
     keep_quantile: float,
     hold_limit: float,
     no_turn_scheduling: bool,
+    turn_scheduler: str | None,
+    turn_scheduler_config: str | None,
     cap: int | None,
     cap_ceiling: int | None,
     idle_timeout: float,
@@ -198,6 +210,8 @@ def router_command(
             else WorkingSetConfig(
                 target=target, limit=max(1.0, target), keep_quantile=keep_quantile, hold_limit_s=hold_limit
             ),
+            "turn_scheduler": turn_scheduler,
+            "turn_scheduler_config": _json_object(turn_scheduler_config),
             "cap": cap,
             "cap_ceiling": cap_ceiling,
             "idle_timeout_s": idle_timeout,
@@ -223,6 +237,10 @@ def router_command(
             )
         settings.update(compat.overrides)  # a vllm-router flag wins over our default
         config = RouterConfig(**settings)
+        if config.turn_scheduler is not None:  # its config is checked before anything starts
+            from rolloutpool.routing.peers.registry import make_scheduler  # noqa: PLC0415
+
+            make_scheduler(config.turn_scheduler, config.turn_scheduler_config)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if self_url or peer_urls or self_name or peer_selector:
@@ -252,3 +270,18 @@ def router_command(
     pods = PodWatch(api, namespace=discover_namespace, selector=discover_selector or "")
     limits = PoolWatch(api, namespace=discover_namespace, name=pool).events if pool else None
     run_router(config, discovery=pods.events, limits=limits)
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    """``--turn-scheduler-config``: a JSON object, or ValueError naming the flag."""
+    if text is None:
+        return None
+    import json  # noqa: PLC0415
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--turn-scheduler-config: not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError("--turn-scheduler-config: must be a JSON object")
+    return value

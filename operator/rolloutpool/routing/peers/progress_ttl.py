@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rolloutpool.routing.peers.programs import ProgramScheduler
-from rolloutpool.routing.peers.progress_ttl_math import ReturnTimes, fitted_ttl
+from rolloutpool.routing.peers.progress_ttl_math import BOUNDS_S, ReturnTimes, fitted_ttl
 from rolloutpool.routing.workingset import Tracked
 
 __all__ = ["ProgressTTL", "ProgressTTLConfig"]
@@ -40,8 +40,11 @@ class ProgressTTLConfig:
     force_resume_timeout_s: float = 300.0
     interval_s: float = 1.0
     """The scheduler's loop (``metrics_interval_seconds``)."""
+    bucket_bounds_s: tuple[float, ...] = BOUNDS_S
+    """The return-time profile's buckets (a time-scaled bench scales them with every other time constant)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "bucket_bounds_s", tuple(float(b) for b in self.bucket_bounds_s))  # JSON gives a list
         if not 0 < self.low_watermark <= self.high_watermark:
             raise ValueError("need 0 < low_watermark <= high_watermark")
         if self.max_acting_ttl_s < 0 or self.ttl_gamma <= 0 or self.force_resume_timeout_s < 0:
@@ -59,7 +62,7 @@ class ProgressTTL(ProgramScheduler):
         super().__init__()
         self.pt = config or ProgressTTLConfig()
         self.interval_s = self.pt.interval_s
-        self.returns = ReturnTimes()
+        self.returns = ReturnTimes(self.pt.bucket_bounds_s)
 
     def observe_return(self, seconds: float) -> None:
         self.returns.observe(seconds)
