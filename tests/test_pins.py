@@ -99,3 +99,31 @@ def test_the_paper_rule_uses_the_fixed_ttl_until_it_has_seen_enough_tools() -> N
 def test_a_bad_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="rule"):
         PinConfig(rule="forever")
+
+
+async def test_engine_sim_with_continuum_pins_a_sessions_turn_and_its_next_turn_finds_it() -> None:
+    import aiohttp  # noqa: PLC0415
+
+    from rolloutpool.engine.server.app import _SERVICE, ServerConfig, build_app  # noqa: PLC0415
+    from routerkit import ENGINE_DEFAULTS, MODEL, serve  # noqa: PLC0415
+
+    app = build_app(ServerConfig(**{**ENGINE_DEFAULTS, "time_scale": 1.0}, continuum="fixed"))
+    engine = app[_SERVICE].runner.engine
+    assert isinstance(engine, PinningEngine)
+    prompt = "tool call please " * 40
+    async with serve(app) as (url, _), aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 16}
+        async with http.post(f"{url}/v1/completions", json=body, headers={"X-Session-ID": "s"}) as resp:
+            first = await resp.json()
+        assert resp.status == 200
+        assert "s" in engine.pins  # held for the fixed 2 s
+        held = engine.pool.num_used
+        assert held > 0
+        body = {"model": MODEL, "prompt": prompt + first["choices"][0]["text"] + " result", "max_tokens": 4}
+        async with http.post(f"{url}/v1/completions", json=body, headers={"X-Session-ID": "s"}) as resp:
+            second = await resp.json()
+        assert engine.pin_hits == 1
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= held * 16 - 16
+        async with http.post(f"{url}/v1/completions", json={**body, "max_tokens": 2}) as resp:
+            assert resp.status == 200  # no session: nothing pinned
+        assert set(engine.pins) == {"s"}

@@ -21,6 +21,7 @@ KV. The caller owns the clock: :meth:`PinningEngine.tick` expires pins as time p
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request
@@ -76,9 +77,13 @@ class _Pin:
 class PinningEngine(Engine):
     """An engine that pins a finished turn's KV for a TTL (Continuum)."""
 
-    def __init__(self, config: EngineConfig, pins: PinConfig | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, pins: PinConfig | None = None, *, program: Callable[[Request], object] | None = None
+    ) -> None:
         super().__init__(config)
         self.pin_config = pins or PinConfig()
+        self.program = program or _tag
+        """A request's program (its pin's key; None: none, nothing pinned): its tag unless told."""
         self.pins: dict[object, _Pin] = {}
         self.now = 0.0
         self._durations: deque[float] = deque(maxlen=self.pin_config.window)
@@ -134,13 +139,13 @@ class PinningEngine(Engine):
 
     def add(self, request: Request) -> None:
         """A request arrives (at :attr:`now`): a program's tool call is timed and its pin has done its work."""
-        ended = self._finished.pop(request.tag, None)
+        key = self.program(request)
+        ended = None if key is None else self._finished.pop(key, None)
         if ended is not None:
             self.returned(self.now - ended)
-        pin = self.pins.get(request.tag)
-        if pin is not None:
+        if key is not None and key in self.pins:
             self.pin_hits += 1
-            self._unpin(request.tag)
+            self._unpin(key)
         super().add(request)
 
     def returned(self, seconds: float) -> None:
@@ -165,3 +170,7 @@ class PinningEngine(Engine):
 
     def _relievable(self) -> int:
         return sum(p.blocks for p in self.pins.values())
+
+
+def _tag(request: Request) -> object:
+    return request.tag
