@@ -63,6 +63,13 @@ _NOT_FINISHED = frozenset({"replaced", "upstream_error", "replica_lost", "moved"
 the engine refused the request that created it)."""
 
 
+def _turn_scheduler(config: LedgerConfig) -> WorkingSet | None:
+    """Our working set, or a peer's scheduler in its place (it takes precedence), or none."""
+    if config.scheduler is not None:
+        return config.scheduler()
+    return None if config.working_set is None else WorkingSet(config.working_set)
+
+
 class Ledger:
     """Sessions, replicas, limits and the admission queue; every mutation keeps counts exact."""
 
@@ -80,10 +87,9 @@ class Ledger:
         self._tickets = 0
         self._now = 0.0
         """The latest ``now`` an operation was given (caps computed between operations use it)."""
-        self.work = None if config.working_set is None else WorkingSet(config.working_set)
-        if config.scheduler is not None:  # a peer's scheduler (routing/peers/) in place of ours
-            self.work = config.scheduler()
-        """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py)."""
+        self.work = _turn_scheduler(config)
+        """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py; a peer's,
+        routing/peers/, when ``config.scheduler`` is set)."""
         self.held: dict[str, int] = {}
         """Session id -> the ticket of its held turn."""
         self.let_go_reprefill: dict[str, int] = {}
