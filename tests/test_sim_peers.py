@@ -41,6 +41,8 @@ def test_every_peer_has_a_setup_and_none_is_a_default_policy() -> None:
     assert peer_setup("sticky-least-loaded") is None
     for name in PEERS:
         assert variant(name) == (name, {})
+    assert variant("clairvoyant") == ("clairvoyant", {})  # every anchor in one compare table
+    assert variant("consistent-hash") == ("consistent-hash", {})
     with pytest.raises(ValueError, match="thunderagent"):
         variant("thunder")
 
