@@ -264,7 +264,7 @@ def test_a_turn_that_would_wait_moves_once_to_a_replica_with_room() -> None:
     assert "a" not in work.replicas["r"].out
     assert ledger.table.replicas["r"].live == 1  # c
     assert work.sessions["a"].moved
-    assert work.destination("a", ["r", "s"], resident=None, now=23.0) is None  # it is generating, and moved once
+    assert work.move_target("a", ["r", "s"], resident=None, now=23.0) is None  # it is generating, and moved once
 
 
 def test_no_move_when_the_prefix_is_resident_or_moving_is_off_or_nowhere_has_room() -> None:
@@ -289,6 +289,6 @@ def test_no_move_when_the_prefix_is_resident_or_moving_is_off_or_nowhere_has_roo
     ws.make_room("r", 5000, now=11.0)  # a let go
     ws.bound("d", "r", now=11.0, first_context=4500)
     assert not ws.arrive("a", now=12.0)  # held
-    assert ws.destination("a", ["r", "s"], resident=2990, now=12.0) is None  # its blocks are still on r
-    assert ws.destination("a", ["r", "s"], resident=0, now=12.0) == "s"
-    assert ws.destination("a", ["r"], resident=None, now=12.0) is None  # s may not take sessions
+    assert ws.move_target("a", ["r", "s"], resident=2990, now=12.0) is None  # its blocks are still on r
+    assert ws.move_target("a", ["r", "s"], resident=0, now=12.0) == "s"
+    assert ws.move_target("a", ["r"], resident=None, now=12.0) is None  # s may not take sessions

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, VLLM_ROUTERS
+from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, uses_vllm_router
 from rolloutpool.sim.workload import SCENARIOS, scenario
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _overhead_only(
 ) -> None:
     from rolloutpool.dev.bench.overhead_only import OverheadOnlyConfig, markdown, run_overhead_only  # noqa: PLC0415
 
-    peer = _find_vllm_router(vllm_router_bin) if any(r in VLLM_ROUTERS for r in chosen) else None
+    peer = _find_vllm_router(vllm_router_bin) if any(uses_vllm_router(r) for r in chosen) else None
     config = OverheadOnlyConfig(out_dir=out_dir, vllm_router_bin=peer, rounds=rounds, duration_s=duration_s)
     started = time.monotonic()
     with _processes_stopped_on_exit():
@@ -258,7 +258,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
         return
     if (kv_capacity_tokens // 16 - 1) * 16 < max_model_len:
         raise click.UsageError("--kv-capacity-tokens must hold at least one --max-model-len context")
-    if any(r in VLLM_ROUTERS for r in chosen) and not simulate:
+    if any(uses_vllm_router(r) for r in chosen) and not simulate:
         vllm_router_bin = _find_vllm_router(vllm_router_bin)
     scenarios = scenario_names or ("agentic-grpo",)
     points = [(name, load) for name in dict.fromkeys(scenarios) for load in dict.fromkeys(loads or (2.0,))]

@@ -49,6 +49,13 @@ __all__ = ["engine_sim"]
     help="vLLM's flag: publish KV events over ZMQ in vLLM's wire format, e.g. "
     '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\'. Off by default.',
 )
+@click.option(
+    "--continuum",
+    type=click.Choice(["paper", "fixed"]),
+    default=None,
+    hidden=True,
+    help="Continuum's TTL pinning (a peer, for comparisons; docs/peers.md).",
+)
 def engine_sim(
     host: str,
     port: int,
@@ -69,6 +76,7 @@ def engine_sim(
     fault_error_rate: float,
     fault_hang_rate: float,
     kv_events_config: str | None,
+    continuum: str | None,
 ) -> None:
     """Serve a vLLM-compatible engine simulator (KV cache, scheduler, /metrics) on the CPU."""
     from rolloutpool.api.kv_events import KVEventsConfig  # noqa: PLC0415
@@ -98,6 +106,7 @@ def engine_sim(
             error_rate=fault_error_rate,
             hang_rate=fault_hang_rate,
             kv_events=None if kv_events_config is None else KVEventsConfig.parse(kv_events_config),
+            continuum=continuum,
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from rolloutpool.router.config import RouterConfig
+    from rolloutpool.router.kv_sources import KvEventsSettings
 
 __all__ = ["router_command"]
 
@@ -85,6 +89,16 @@ def _default_state(host: str, port: int) -> Path | None:
     help="A held turn is served after this long whatever the room (bounded wait).",
 )
 @click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
+@click.option(
+    "--turn-scheduler",
+    type=click.Choice(["thunderagent", "progress-ttl"]),
+    default=None,
+    hidden=True,
+    help="A peer's turn scheduler in place of ours, for comparisons (docs/peers.md).",
+)
+@click.option(
+    "--turn-scheduler-config", default=None, hidden=True, metavar="JSON", help="Its config fields as a JSON object."
+)
 @click.option("--cap", type=click.IntRange(min=0), default=None, help="Fixed live-session cap per replica.")
 @click.option(
     "--cap-ceiling", type=click.IntRange(min=0), default=None, help="Hard limit on live sessions per replica."
@@ -220,6 +234,8 @@ def router_command(
     keep_quantile: float,
     hold_limit: float,
     no_turn_scheduling: bool,
+    turn_scheduler: str | None,
+    turn_scheduler_config: str | None,
     cap: int | None,
     cap_ceiling: int | None,
     idle_timeout: float,
@@ -254,11 +270,6 @@ def router_command(
 
     from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica, run_router  # noqa: PLC0415
     from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
-    from rolloutpool.router.kv_sources import (  # noqa: PLC0415
-        KvEventsSettings,
-        parse_kv_events_endpoint,
-        parse_kv_events_port,
-    )
     from rolloutpool.routing.implicit import ImplicitConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
     from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
@@ -294,6 +305,8 @@ def router_command(
             else WorkingSetConfig(
                 target=target, limit=max(1.0, target), keep_quantile=keep_quantile, hold_limit_s=hold_limit
             ),
+            "turn_scheduler": turn_scheduler,
+            "turn_scheduler_config": _json_object(turn_scheduler_config),
             "cap": cap,
             "cap_ceiling": cap_ceiling,
             "idle_timeout_s": idle_timeout,
@@ -317,14 +330,10 @@ def router_command(
             "allowed_paths": frozenset(allow_paths),
         }
         if kv_events or kv_events_port:
-            ports: tuple[int | None, int | None] = (None, None)
-            if kv_events_port:
-                ports = parse_kv_events_port(kv_events_port)
-            settings["kv_events"] = KvEventsSettings(
-                endpoints=tuple(parse_kv_events_endpoint(e) for e in kv_events), port=ports[0], replay_port=ports[1]
-            )
+            settings["kv_events"] = _kv_events_settings(kv_events, kv_events_port)
         settings.update(compat.overrides)  # a vllm-router flag wins over our default
         config = RouterConfig(**settings)
+        _check_turn_scheduler(config)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     if self_url or peer_urls or self_name or peer_selector:
@@ -355,3 +364,40 @@ def router_command(
     pods = PodWatch(api, namespace=discover_namespace, selector=discover_selector or "")
     limits = PoolWatch(api, namespace=discover_namespace, name=pool).events if pool else None
     run_router(config, discovery=pods.events, limits=limits)
+
+
+def _kv_events_settings(endpoints: tuple[str, ...], port: str | None) -> KvEventsSettings:
+    """``--kv-events`` and ``--kv-events-port`` as the router's settings (ValueError naming the flag)."""
+    from rolloutpool.router.kv_sources import (  # noqa: PLC0415
+        KvEventsSettings,
+        parse_kv_events_endpoint,
+        parse_kv_events_port,
+    )
+
+    ports: tuple[int | None, int | None] = (None, None) if not port else parse_kv_events_port(port)
+    return KvEventsSettings(
+        endpoints=tuple(parse_kv_events_endpoint(e) for e in endpoints), port=ports[0], replay_port=ports[1]
+    )
+
+
+def _check_turn_scheduler(config: RouterConfig) -> None:
+    """A peer's turn scheduler and its config are checked before anything starts (ValueError)."""
+    if config.turn_scheduler is not None:
+        from rolloutpool.routing.peers.registry import make_scheduler  # noqa: PLC0415
+
+        make_scheduler(config.turn_scheduler, config.turn_scheduler_config)
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    """``--turn-scheduler-config``: a JSON object, or ValueError naming the flag."""
+    if text is None:
+        return None
+    import json  # noqa: PLC0415
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--turn-scheduler-config: not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError("--turn-scheduler-config: must be a JSON object")
+    return value

@@ -137,7 +137,9 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @click.option(
     "--variant", "variants", multiple=True,
     help="Default: all named ones (sticky-least-loaded is always run). Also fixed-cap:N (a fixed session cap, no "
-    "turn scheduling) and turns:KEY=VALUE:... (the turn scheduler with other targets, e.g. turns:target=0.95).",
+    "turn scheduling), turns:KEY=VALUE:... (the turn scheduler with other targets, e.g. turns:target=0.95) and the "
+    "peers' schedulers thunderagent, progress-ttl, continuum, continuum-fixed (docs/peers.md), and any other "
+    "simulate --policy (consistent-hash, clairvoyant, ...).",
 )  # fmt: skip
 @click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)

@@ -44,7 +44,11 @@ _console = Console()
     "Default: 0.5, 1, 1.5, 2, 3, 4.",
 )
 @click.option(
-    "--policy", "policies", multiple=True, help="Policy to run (repeatable). Default: all, rolloutpool-adaptive too."
+    "--policy",
+    "policies",
+    multiple=True,
+    help="Policy to run (repeatable). Default: all, rolloutpool-adaptive too; the peers' turn schedulers "
+    "(thunderagent, progress-ttl, continuum, continuum-fixed) only when named.",
 )
 @click.option(
     "--renew-every",
@@ -126,6 +130,7 @@ def simulate(
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
     from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.hardware import with_hardware  # noqa: PLC0415
+    from rolloutpool.sim.peers import PEERS  # noqa: PLC0415
     from rolloutpool.sim.report import (  # noqa: PLC0415
         markdown_from_json,
         results_json,
@@ -143,7 +148,7 @@ def simulate(
     from rolloutpool.sim.weights import WeightUpdateConfig, weight_update_lines  # noqa: PLC0415
     from rolloutpool.sim.workload import scenario  # noqa: PLC0415
 
-    known = (*POLICIES, ADAPTIVE)
+    known = (*POLICIES, ADAPTIVE, *PEERS)  # the peers' (sim/peers.py) only when asked for: not in the defaults
     unknown = [p for p in policies if p not in known]
     if unknown:
         raise click.UsageError(f"unknown policy {unknown[0]!r}; choose from {', '.join(known)}")

@@ -114,7 +114,7 @@ class AdminAPI:
                     "held_turns": scheduled.held(replica.name) if scheduled else 0,
                     "kept_sessions": len(scheduled.replicas[replica.name].idle) if scheduled else 0,
                     "quarantined": replica.quarantined,
-                    "quarantine_reason": runtime.pressure.reason,
+                    "quarantine_reason": None if runtime.limits.pressure is None else runtime.limits.pressure.reason,
                     "ready": replica.ready,
                     "unready_reason": runtime.unready_reason,
                     "draining": replica.draining,

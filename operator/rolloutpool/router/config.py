@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from rolloutpool.router.kv_sources import KvEventsSettings
@@ -21,7 +21,7 @@ from rolloutpool.routing.implicit import ImplicitConfig
 from rolloutpool.routing.limits import LedgerConfig
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS, parse_fields
-from rolloutpool.routing.workingset import WorkingSetConfig
+from rolloutpool.routing.workingset import WorkingSet, WorkingSetConfig
 
 __all__ = ["ReplicaSpec", "RouterConfig", "cap_rule", "ledger_config", "parse_replica"]
 
@@ -71,6 +71,11 @@ class RouterConfig:
     turns: WorkingSetConfig | None = field(default_factory=WorkingSetConfig)
     """Turn-level scheduling by each replica's working set (:mod:`rolloutpool.routing.workingset`): turns held,
     idle prefixes kept or let go, new sessions admitted where their first context fits. None: off (only caps)."""
+    turn_scheduler: str | None = None
+    """A peer's turn scheduler in place of ours (``thunderagent``, ``progress-ttl``: :mod:`rolloutpool.routing.peers`,
+    for comparisons); it places new sessions its own way and runs without our fast quarantine."""
+    turn_scheduler_config: dict[str, Any] | None = None
+    """Its config fields (e.g. ``{"interval_s": 0.5}``)."""
     cap: int | None = None
     """Fixed live-session cap per replica (a ceiling over the working set); ``None``: none."""
     cap_ceiling: int | None = None
@@ -203,12 +208,14 @@ def cap_rule(config: RouterConfig) -> CapRule:
     return CapRule(fixed=config.cap, ceiling=config.cap_ceiling)
 
 
-def ledger_config(config: RouterConfig) -> LedgerConfig:
-    """The ledger settings of a router configuration (pure)."""
+def ledger_config(config: RouterConfig, *, scheduler: WorkingSet | None = None) -> LedgerConfig:
+    """The ledger settings of a router configuration (pure); ``scheduler``: a peer's turn scheduler in place of ours
+    (then without our fast quarantine)."""
     return LedgerConfig(
         caps=cap_rule(config),
-        quarantine=config.quarantine,
+        quarantine=config.quarantine if scheduler is None else None,
         working_set=config.turns,
+        scheduler=None if scheduler is None else (lambda: scheduler),
         queue_max=config.queue_max,
         default_block_size=config.default_block_size,
     )

@@ -44,6 +44,7 @@ from rolloutpool.routing.events import (
     Withdrawn,
 )
 from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
+from rolloutpool.routing.peers.registry import make_scheduler, placement_for
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import PressureState
 from rolloutpool.routing.reprefill import CachedTokensWatch
@@ -92,7 +93,7 @@ class ReplicaRuntime:
     @property
     def pressure(self) -> PressureState:
         """The router's fast quarantine state of the replica."""
-        assert self.limits.pressure is not None  # noqa: S101 -- the router always runs the fast quarantine
+        assert self.limits.pressure is not None  # noqa: S101 -- the router runs it (but with a peer's scheduler)
         return self.limits.pressure
 
     @property
@@ -118,7 +119,11 @@ class SessionManager:
         self.config = config
         self.clock = clock
         self.metrics = metrics
-        self.ledger = Ledger(ledger_config(config), policy=SessionAware(co_locate_groups=config.co_locate_groups))
+        if config.turn_scheduler is None:
+            self.ledger = Ledger(ledger_config(config), policy=SessionAware(co_locate_groups=config.co_locate_groups))
+        else:  # a peer's turn scheduler and its placement (routing/peers/, docs/peers.md)
+            scheduler = make_scheduler(config.turn_scheduler, config.turn_scheduler_config)
+            self.ledger = Ledger(ledger_config(config, scheduler=scheduler), policy=placement_for(scheduler))
         self.runtime: dict[str, ReplicaRuntime] = {}
         self._waiters: dict[int, asyncio.Future[Session]] = {}
         self.on_change: Callable[[], None] = lambda: None
@@ -259,7 +264,8 @@ class SessionManager:
         work = self.ledger.work
         for r in self.table.replicas.values():
             own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
-            pressure = (own.pressure.reason or "Unknown") if own and own.pressure.quarantined else None
+            state = None if own is None else own.limits.pressure  # None: a peer's scheduler runs without it
+            pressure = (state.reason or "Unknown") if state is not None and state.quarantined else None
             turns = None
             if work is not None and r.name in work.replicas:
                 w = work.replicas[r.name]

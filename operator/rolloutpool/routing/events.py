@@ -70,7 +70,8 @@ Arrival = Bound | Queued | Held | Rejected
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A session was placed on a replica (``kind``: ``new``, ``queued`` or ``moved`` by a non-sticky policy)."""
+    """A session was placed on a replica (``kind``: ``new``, ``queued`` or ``moved``: by a non-sticky policy, or by a
+    peer's scheduler resuming it elsewhere)."""
 
     session: Session
     kind: str

@@ -75,6 +75,13 @@ the engine refused the request that created it; ``implicit_*``: a sessionless co
 out or was evicted, which says nothing of whether the rollout finished, routing/implicit.py)."""
 
 
+def _turn_scheduler(config: LedgerConfig) -> WorkingSet | None:
+    """Our working set, or a peer's scheduler in its place (it takes precedence), or none."""
+    if config.scheduler is not None:
+        return config.scheduler()
+    return None if config.working_set is None else WorkingSet(config.working_set)
+
+
 class Ledger:
     """Sessions, replicas, limits and the admission queue; every mutation keeps counts exact."""
 
@@ -92,8 +99,9 @@ class Ledger:
         self._tickets = 0
         self._now = 0.0
         """The latest ``now`` an operation was given (caps computed between operations use it)."""
-        self.work = None if config.working_set is None else WorkingSet(config.working_set)
-        """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py)."""
+        self.work = _turn_scheduler(config)
+        """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py; a peer's,
+        routing/peers/, when ``config.scheduler`` is set)."""
         self.held: dict[str, int] = {}
         """Session id -> the ticket of its held turn."""
         self.let_go_reprefill: dict[str, int] = {}
@@ -224,13 +232,32 @@ class Ledger:
         current.last_seen = now
         if self.work is not None and not self.work.arrive(current.session_id, now=now, resident=resident):
             candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
-            name = self.work.destination(current.session_id, candidates, resident=resident, now=now)
+            name = self.work.move_target(current.session_id, candidates, resident=resident, now=now)
             if name is not None:
                 return Bound(self._move(current, name, now=now), created=False)
             self._tickets += 1
             self.held[current.session_id] = self._tickets
             return Held(self._tickets)
-        return Bound(current, created=False)
+        return Bound(self._follow(current, now=now), created=False)
+
+    def _follow(self, session: Session, *, now: float) -> Session:
+        """A session the scheduler resumes on another replica (a peer's, routing/peers/) is bound there first."""
+        name = None if self.work is None else self.work.destination(session.session_id)
+        if name is None or name == session.replica or name not in self.table.replicas:
+            return session
+        moved = self.table.bind(
+            session.session_id,
+            name,
+            now=now,
+            group=session.group,
+            projected_tokens=session.projected_tokens,
+            prompt_tokens=session.prompt_tokens,
+        )
+        moved.context_tokens, moved.last_seen = session.context_tokens, session.last_seen
+        self._kv_cap(session.replica)
+        self._kv_cap(name)
+        self.events.append(Placed(moved, "moved"))
+        return moved
 
     def _move(self, current: Session, name: str, *, now: float) -> Session:
         """A session whose turn would wait moves once to ``name``, where it fits now (its prefix was gone anyway)."""
@@ -609,7 +636,7 @@ class Ledger:
             ticket = self.held.pop(sid, None)
             session = self.table.sessions.get(sid)
             if ticket is not None and session is not None:
-                self.events.append(Resumed(ticket, session))
+                self.events.append(Resumed(ticket, self._follow(session, now=now)))
         if self._kv_cap(name) or resumed:
             self.admit(now=now)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.quarantine import PressureState, QuarantineConfig
-from rolloutpool.routing.workingset import WorkingSetConfig
+from rolloutpool.routing.workingset import WorkingSet, WorkingSetConfig
 
 __all__ = ["LedgerConfig", "ReplicaLimits"]
 
@@ -23,6 +24,9 @@ class LedgerConfig:
     """Turn-level scheduling (:mod:`~rolloutpool.routing.workingset`): turns held, prefixes kept or let go, new
     sessions admitted by each replica's working set (the router's). None: no scheduling, only the caps (the peers'
     policies in the simulator, fixed caps in hindsight)."""
+    scheduler: Callable[[], WorkingSet] | None = None
+    """A peer's per-turn scheduler in place of our working set (:mod:`rolloutpool.routing.peers`): a factory, so
+    every ledger gets its own; it takes precedence over ``working_set``."""
     queue_max: int | None = None
     """New sessions that may wait; None: unbounded."""
     default_block_size: int = 16

@@ -300,7 +300,7 @@ class WorkingSet:
         work.holds += 1
         return False
 
-    def destination(self, sid: str, candidates: list[str], *, resident: int | None, now: float) -> str | None:
+    def move_target(self, sid: str, candidates: list[str], *, resident: int | None, now: float) -> str | None:
         """Where a turn just held should move instead (see the module docstring), or None to let it wait.
 
         ``candidates``: replicas that may take sessions now; ``resident``: its context still cached on its
@@ -324,7 +324,7 @@ class WorkingSet:
         return best
 
     def move(self, sid: str, replica: str, *, now: float) -> None:
-        """A held turn's session moves to ``replica`` (from :meth:`destination`) and generates there at once."""
+        """A held turn's session moves to ``replica`` (from :meth:`move_target`) and generates there at once."""
         tracked = self.sessions[sid]
         old = self.replicas[tracked.replica]
         if tracked.phase is Phase.HELD:
@@ -466,6 +466,11 @@ class WorkingSet:
             return
         self.replicas[tracked.replica].held.remove(sid)
         tracked.phase, tracked.since = Phase.LET_GO, now
+
+    def destination(self, sid: str) -> str | None:
+        """Where a session the scheduler just served or resumed must go when not its replica (a peer that resumes a
+        paused program elsewhere, routing/peers/); ours never moves a session: None."""
+        return None
 
     def held(self, name: str) -> int:
         """Turns the replica holds now."""

@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
+from rolloutpool.routing.policies import POLICIES
 from rolloutpool.routing.workingset import WorkingSetConfig
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
+from rolloutpool.sim.peers import PEERS
 from rolloutpool.sim.results import RunResult
 from rolloutpool.sim.runner import Job, fleet_floor, run_jobs
 from rolloutpool.sim.workload import Scenario, scenario
@@ -61,7 +63,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
-Also ``fixed-cap:N`` and ``turns:KEY=VALUE:...`` (:func:`variant`)."""
+Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, the peers' names (``thunderagent``, ``progress-ttl``, ``continuum``,
+``continuum-fixed``: :mod:`rolloutpool.sim.peers`) and the other placement policies (``consistent-hash``,
+``clairvoyant``, ...) (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -72,6 +76,8 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     """
     if label in VARIANTS:
         return VARIANTS[label]
+    if label in PEERS or label in POLICIES:  # a peer's turn scheduler (sim/peers.py) or another placement policy
+        return label, {}
     name, _, rest = label.partition(":")
     try:
         if name == "fixed-cap":
@@ -84,7 +90,7 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
             return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
     except (ValueError, TypeError) as exc:
         raise ValueError(f"variant {label!r}: {str(exc) or 'N must be a positive whole number'}") from None
-    known = ", ".join(VARIANTS)
+    known = ", ".join(dict.fromkeys((*VARIANTS, *PEERS, *POLICIES)))
     raise ValueError(f"unknown variant {label!r}; choose from {known}, fixed-cap:N or turns:KEY=VALUE:...")
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.hashing import SegmentChain
+from rolloutpool.engine.model.pins import PinningEngine
 from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import Admitted, Bound, Resumed
@@ -28,6 +29,7 @@ from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import Session
 from rolloutpool.sim.adaptive import AdaptiveTargets
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
+from rolloutpool.sim.peers import PeerSetup, peer_setup
 from rolloutpool.sim.renewal import SimRenewals
 from rolloutpool.sim.results import RunResult, Sample, summarize
 from rolloutpool.sim.trace_feed import TrajectoryFeed, TurnRecorder
@@ -79,6 +81,7 @@ class _Fleet:
         adaptive: bool = False,
         source: TrajectoryFeed | None = None,
         recorder: TurnRecorder | None = None,
+        peer: PeerSetup | None = None,
     ) -> None:
         self.cfg = config
         self.policy = policy
@@ -95,15 +98,19 @@ class _Fleet:
         self.capacity = ecfg.kv_capacity_tokens
         self.block_size = ecfg.block_size
         self.names = [f"r{i}" for i in range(config.replicas)]
-        self.drivers = {n: _Driver(n, Engine(ecfg)) for n in self.names}
+        pins = None if peer is None else peer.pins
+        self.drivers = {n: _Driver(n, Engine(ecfg) if pins is None else PinningEngine(ecfg, pins)) for n in self.names}
+        self.pinning = pins is not None  # Continuum: every engine pins a turn that ends in a tool call
         self.law = AdaptiveTargets.for_fleet(config, self.names, self.capacity) if adaptive else None
         ours = isinstance(policy, SessionAware)  # the router we ship: its turn scheduling and its fast quarantine
         fixed = config.fixed_cap if ours and self.law is None else None  # a fixed cap replaces the turn scheduling
+        scheduler = None if peer is None else peer.scheduler  # a peer's per-turn scheduler (sim/peers.py)
         self.ledger = Ledger(
             LedgerConfig(
                 caps=CapRule(fixed=fixed),
                 quarantine=config.quarantine if ours else None,
                 working_set=config.working_set if ours and fixed is None else None,
+                scheduler=None if scheduler is None else (lambda: scheduler),
                 default_block_size=ecfg.block_size,
             ),
             policy=policy,
@@ -272,6 +279,11 @@ class _Fleet:
         if ended:
             self._finish_trajectory(traj)
             return
+        if self.pinning:  # the turn ended in a tool call: Continuum pins its KV (engine/model/pins.py)
+            engine = self.drivers[replica].engine
+            assert isinstance(engine, PinningEngine)  # noqa: S101 -- every engine pins when one does
+            engine.tick(self.now)
+            engine.pin(req.tag, req)
         traj.chain.extend(_SEGMENT_BASE + plan.index * 256 + (traj.turn - 1) * 2 + 1, plan.observations[traj.turn - 1])
         if self.renewals is not None:
             self.renewals.clock.idle(str(plan.index), now=self.now)
@@ -330,6 +342,8 @@ class _Fleet:
         driver = self.drivers[replica]
         if driver.busy and driver.run_steps and self.now < driver.end:
             self._cut_run(driver)
+        if isinstance(driver.engine, PinningEngine):
+            driver.engine.tick(self.now)
         driver.engine.add(request)
         if not driver.busy:
             self._start_engine(replica)
@@ -349,6 +363,8 @@ class _Fleet:
     def _start_engine(self, replica: str) -> None:
         driver = self.drivers[replica]
         engine = driver.engine
+        if isinstance(engine, PinningEngine):
+            engine.tick(self.now)  # pins expire as steps start (and at every scrape)
         if not engine.has_work:
             driver.busy = False
             if self.weights is not None and self.weights.pausing:
@@ -391,6 +407,8 @@ class _Fleet:
 
     def _scrape(self) -> None:
         for name, driver in self.drivers.items():
+            if isinstance(driver.engine, PinningEngine):
+                driver.engine.tick(self.now)
             limits = self.ledger.limits.get(name)
             pressure = None if limits is None else limits.pressure
             quarantines = 0 if pressure is None else pressure.quarantines
@@ -502,8 +520,10 @@ def simulate_policy(
     does); ``recorder`` is told every turn (a trace of the run).
     """
     adaptive = policy_name == ADAPTIVE
-    policy = make_policy("rolloutpool" if adaptive else policy_name)
+    peer = peer_setup(policy_name)  # a peer's turn scheduler or pinning (sim/peers.py)
+    policy = peer.policy if peer is not None else make_policy("rolloutpool" if adaptive else policy_name)
     if isinstance(policy, SessionAware):
         policy.co_locate_groups = config.co_locate_groups
         policy.name = policy_name
-    return _Fleet(config, policy, progress, adaptive=adaptive, source=source, recorder=recorder).run()
+    fleet = _Fleet(config, policy, progress, adaptive=adaptive, source=source, recorder=recorder, peer=peer)
+    return fleet.run()

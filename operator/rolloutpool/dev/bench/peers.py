@@ -16,6 +16,11 @@ Each peer is configured at its best (DESIGN section 8):
 ``vllm-cache-aware``, ``vllm-power-of-two`` and ``vllm-round-robin`` can be asked for
 (``--router``); they keep no session affinity by key, so they are not run by default.
 
+The turn schedulers re-implemented from other systems (``docs/peers.md``) run when named:
+``thunderagent`` and ``progress-ttl`` are our router with ``--turn-scheduler`` (their time
+constants divided by ``time_scale`` like everything else); ``continuum`` and ``continuum-fixed``
+are engine-sims with ``--continuum paper|fixed`` behind vllm-router's sticky least-loaded.
+
 Engine-sim runs ``time_scale`` simulated seconds per wall second, while vllm-router
 measures wall time; so every coefficient and time constant that describes the
 engine or the workload is divided by ``time_scale`` (what vllm-router would see on
@@ -29,18 +34,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolloutpool.engine.model.cost import CostModel
+from rolloutpool.routing.peers.progress_ttl_math import BOUNDS_S
 from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = [
     "ADAPTIVE",
+    "CONTINUUM",
     "DEFAULT_ROUTERS",
     "OURS",
     "OUR_ROUTERS",
+    "PEER_ROUTERS",
     "ROUTER_NAMES",
+    "TURN_SCHEDULERS",
     "VLLM_ROUTERS",
     "RouterLaunch",
     "our_router_argv",
     "program_scheduling_config",
+    "turn_scheduler_config",
+    "uses_vllm_router",
     "vllm_router_argv",
 ]
 
@@ -57,7 +68,12 @@ VLLM_ROUTERS: dict[str, str] = {
     "vllm-round-robin": "round_robin",
 }
 """Benchmark name -> vllm-router ``--policy`` (program scheduling keeps consistent hash as its fallback)."""
-ROUTER_NAMES: tuple[str, ...] = (*OUR_ROUTERS, *VLLM_ROUTERS)
+TURN_SCHEDULERS: tuple[str, ...] = ("thunderagent", "progress-ttl")
+"""Peers that run as our router with another turn scheduler (``--turn-scheduler``)."""
+CONTINUUM: dict[str, str] = {"continuum": "paper", "continuum-fixed": "fixed"}
+"""Peers that run as pinning engine-sims (``--continuum RULE``) behind vllm-router's sticky least-loaded."""
+PEER_ROUTERS: tuple[str, ...] = (*TURN_SCHEDULERS, *CONTINUUM)
+ROUTER_NAMES: tuple[str, ...] = (*OUR_ROUTERS, *VLLM_ROUTERS, *PEER_ROUTERS)
 """Every configuration ``bench`` can run."""
 DEFAULT_ROUTERS: tuple[str, ...] = (OURS, "vllm-consistent-hash", "vllm-sticky-least-loaded", "vllm-program")
 """What ``bench`` runs unless told otherwise: vllm-router's session-aware configurations."""
@@ -86,13 +102,36 @@ class RouterLaunch:
     """The engine-sims' step-time model (vllm-router's program scheduling is calibrated to it); None: the default."""
 
 
-def our_router_argv(launch: RouterLaunch, *, prefix: list[str]) -> list[str]:
-    """``rolloutpool router`` arguments (``prefix`` runs the ``rolloutpool`` command)."""
+def uses_vllm_router(name: str) -> bool:
+    """Whether configuration ``name`` runs vllm-router."""
+    return name in VLLM_ROUTERS or name in CONTINUUM
+
+
+def turn_scheduler_config(name: str, launch: RouterLaunch) -> dict[str, Any]:
+    """A peer's turn-scheduler config for a time-scaled bench: its engine-time constants in wall seconds (pure)."""
+    wall = 1.0 / launch.time_scale
+    if name == "thunderagent":  # the Dynamo port's 5 s tick and 1,800 s resume timeout
+        return {"interval_s": 5.0 * wall, "resume_timeout_s": 1800.0 * wall}
+    if name == "progress-ttl":  # as vllm-program: its loop at the scrape interval, the TTLs scaled
+        return {
+            "interval_s": launch.scrape_interval_s,
+            "max_acting_ttl_s": 10.0 * wall,
+            "force_resume_timeout_s": 300.0 * wall,
+            "bucket_bounds_s": [b * wall for b in BOUNDS_S],
+        }
+    raise ValueError(f"{name!r} is not a turn scheduler; choose from {', '.join(TURN_SCHEDULERS)}")
+
+
+def our_router_argv(launch: RouterLaunch, *, prefix: list[str], turn_scheduler: str | None = None) -> list[str]:
+    """``rolloutpool router`` arguments (``prefix`` runs the ``rolloutpool`` command); ``turn_scheduler``: a peer's."""
     argv = [*prefix, "router", "--host", "127.0.0.1", "--port", str(launch.port), "--no-state"]
     for i, url in enumerate(launch.replica_urls):
         argv += ["--replica", f"r{i}={url}"]
     if launch.max_model_len is None:  # the overhead measurement: placement only
         argv += ["--no-turn-scheduling"]
+    elif turn_scheduler is not None:
+        config = json.dumps(turn_scheduler_config(turn_scheduler, launch))
+        argv += ["--turn-scheduler", turn_scheduler, "--turn-scheduler-config", config]
     else:  # the hold limit is engine time: the engine-sims run time-scaled
         argv += ["--hold-limit", f"{WorkingSetConfig().hold_limit_s / launch.time_scale:g}"]
     argv += [
@@ -156,8 +195,8 @@ def program_scheduling_config(
 
 
 def vllm_router_argv(name: str, launch: RouterLaunch, *, binary: str) -> list[str]:
-    """The vllm-router command line of benchmark configuration ``name``."""
-    policy = VLLM_ROUTERS[name]
+    """The vllm-router command line of benchmark configuration ``name`` (Continuum: sticky least-loaded)."""
+    policy = VLLM_ROUTERS["vllm-sticky-least-loaded" if name in CONTINUUM else name]
     argv = [
         binary,
         "--host", "127.0.0.1",

@@ -23,7 +23,15 @@ from rolloutpool.dev.bench.adaptive import bench_pool_spec, samples
 from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
-from rolloutpool.dev.bench.peers import ADAPTIVE, OUR_ROUTERS, RouterLaunch, our_router_argv, vllm_router_argv
+from rolloutpool.dev.bench.peers import (
+    ADAPTIVE,
+    CONTINUUM,
+    OUR_ROUTERS,
+    TURN_SCHEDULERS,
+    RouterLaunch,
+    our_router_argv,
+    vllm_router_argv,
+)
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
@@ -266,7 +274,14 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
     )
 
 
-def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int) -> list[str]:
+def _engine_argv(
+    config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int, continuum: str | None = None
+) -> list[str]:
+    pins = [] if continuum is None else ["--continuum", continuum]  # Continuum's engines (a peer)
+    return [*_plain_engine_argv(config, port, time_scale=time_scale, kv_tokens=kv_tokens), *pins]
+
+
+def _plain_engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int) -> list[str]:
     return rolloutpool_argv(
         "engine-sim",
         "--host", LOOPBACK,
@@ -282,8 +297,9 @@ def _engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens
 
 def _start_router(procs: ProcessSet, name: str, launch: RouterLaunch, config: BenchConfig) -> str:
     url = f"http://{LOOPBACK}:{launch.port}"
-    if name in OUR_ROUTERS:
-        argv = our_router_argv(launch, prefix=rolloutpool_argv())
+    if name in OUR_ROUTERS or name in TURN_SCHEDULERS:
+        scheduler = name if name in TURN_SCHEDULERS else None
+        argv = our_router_argv(launch, prefix=rolloutpool_argv(), turn_scheduler=scheduler)
         procs.start(name, argv, ready_url=f"{url}/readyz", timeout_s=config.ready_timeout_s)
     else:
         argv = vllm_router_argv(name, launch, binary=config.vllm_router_bin)
@@ -322,7 +338,10 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
         engine_urls = []
         for i in range(config.replicas):
             port = free_port()
-            argv = _engine_argv(config, port, time_scale=config.time_scale, kv_tokens=config.kv_capacity_tokens)
+            argv = _engine_argv(
+                config, port, time_scale=config.time_scale, kv_tokens=config.kv_capacity_tokens,
+                continuum=CONTINUUM.get(name),
+            )  # fmt: skip
             url = f"http://{LOOPBACK}:{port}"
             procs.start(f"engine-{i}", argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
             engine_urls.append(url)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
-from rolloutpool.dev.bench.peers import ADAPTIVE, OURS
+from rolloutpool.dev.bench.peers import ADAPTIVE, OURS, PEER_ROUTERS
 from rolloutpool.dev.bench.runner import BenchConfig
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy
@@ -34,6 +34,7 @@ SIMULATED_POLICIES: dict[str, str] = {
     BASELINE: "sticky-least-loaded",
     "vllm-consistent-hash": "consistent-hash",
     "vllm-round-robin": "round-robin",
+    **{name: name for name in PEER_ROUTERS},  # the peers' turn schedulers (docs/peers.md): the same names
 }
 """Bench router -> the simulator's policy that models it (the others have none)."""
 

@@ -119,6 +119,8 @@ class Engine:
             need = -(-(computed + n_new) // bs) - req.n_hashed - req.n_private
             if need:
                 while need > pool.num_free:
+                    if self._relieve(need - pool.num_free):
+                        continue
                     victim = running.pop()
                     self._kv -= victim.num_computed
                     self._preempt(victim)
@@ -180,6 +182,8 @@ class Engine:
             n_new = min(total - hit_tokens, budget)
             need = _ceil_div(hit_tokens + n_new, bs) - hits
             if need > pool.num_free - (hits - held):
+                if self._relieve(need - pool.num_free + hits - held):
+                    continue  # blocks a subclass kept were let go: look again
                 break  # head-of-line blocking
             self.waiting.popleft()
             pool.take_cached(req.hashes, hits)
@@ -427,7 +431,16 @@ class Engine:
         hits, held = self.pool.count_hits_held(req.hashes, (req.seq_len - 1) // bs) if lookup else (0, 0)
         n_new = min(req.seq_len - hits * bs, budget)
         need = _ceil_div(hits * bs + n_new, bs) - hits
-        return need <= self.pool.num_free - (hits - held)
+        return need <= self.pool.num_free + self._relievable() - (hits - held)
+
+    def _relieve(self, blocks: int) -> bool:
+        """Blocks run short by ``blocks``: a subclass holding blocks beyond requests (pins) lets some go; whether
+        it freed any. The plain engine holds none."""
+        return False
+
+    def _relievable(self) -> int:
+        """Blocks :meth:`_relieve` could free (the plain engine: none)."""
+        return 0
 
     # -- bookkeeping --------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from rolloutpool.api.kv_events import KVEventsConfig
 from rolloutpool.engine.model.core import EngineConfig
 from rolloutpool.engine.model.cost import hardware_preset
+from rolloutpool.engine.model.pins import PinConfig
 from rolloutpool.engine.model.request import DEFAULT_MAX_NUM_SEQS
 from rolloutpool.engine.model.tokenizer import generate_ids
 from rolloutpool.engine.server.calls import Call, StreamState, final_body, parse_call
@@ -90,8 +91,12 @@ class ServerConfig:
     """Longest run of pure-decode steps taken at once, in simulated seconds."""
     kv_events: KVEventsConfig | None = None
     """vLLM's ``--kv-events-config``: publish the prefix cache's changes (engine/server/kv_publisher.py)."""
+    continuum: str | None = None
+    """Continuum's pinning (a peer, ``docs/peers.md``): ``paper`` or ``fixed`` TTL; None: vLLM's plain engine."""
 
     def __post_init__(self) -> None:
+        if self.continuum is not None:
+            PinConfig(rule=self.continuum)  # raises for an unknown rule
         if self.time_scale <= 0:
             raise ValueError("time_scale must be positive")
         for name in ("error_rate", "hang_rate"):
@@ -165,6 +170,7 @@ class _Service:
                 override=config.num_gpu_blocks is not None,
                 enable_prefix_caching=config.enable_prefix_caching,
             ),
+            pins=None if config.continuum is None else PinConfig(rule=config.continuum),
         )
         self.kv_events: KvEventPublisher | None = None
         if config.kv_events is not None and config.kv_events.publishes:

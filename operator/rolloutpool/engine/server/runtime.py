@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.hashing import hash_token_blocks
+from rolloutpool.engine.model.pins import PinConfig, PinningEngine
 from rolloutpool.engine.server.instruments import CacheConfigInfo, EngineMetrics
 from rolloutpool.engine.server.kv_publisher import KvEventPublisher
 
@@ -69,8 +70,10 @@ class EngineRunner:
         decode_slice_s: float,
         model_name: str,
         cache_info: CacheConfigInfo,
+        pins: PinConfig | None = None,
     ) -> None:
-        self.engine = Engine(config)
+        self.engine = Engine(config) if pins is None else PinningEngine(config, pins, program=_session_of)
+        """With ``pins``, Continuum's engine (a peer, engine/model/pins.py): a session's finished turn stays pinned."""
         self.time_scale = time_scale
         self.decode_slice_s = decode_slice_s
         self.clock = 0.0
@@ -166,6 +169,9 @@ class EngineRunner:
         request.skip_cache_read = skip_cache_read
         idle = not self.engine.has_work
         arrival = self.now()
+        request.tag = session_id  # until it is added: the program a pinning engine keys it by
+        if isinstance(self.engine, PinningEngine):
+            self.engine.tick(arrival)
         self.engine.add(request)  # raises before any state changes
         if idle:
             self._reanchor(arrival)
@@ -216,6 +222,10 @@ class EngineRunner:
         self._work.set()
 
     def _finish(self, job: Job, at: float) -> None:
+        engine = self.engine
+        if isinstance(engine, PinningEngine) and job.session_id and job.request.finish_reason != "abort":
+            engine.tick(at)  # Continuum: the session's turn may have ended in a tool call; pin its KV
+            engine.pin(job.session_id, job.request)
         job.done = True
         self._jobs.pop(job.request.rid, None)
         self.metrics.record_finished(
@@ -232,6 +242,8 @@ class EngineRunner:
                 self._work.clear()
                 await self._work.wait()
                 continue
+            if isinstance(engine, PinningEngine):
+                engine.tick(self.clock)  # pins expire as steps start
             outcome = self._advance()
             start = self.clock
             self.clock += outcome.duration
@@ -290,3 +302,9 @@ class EngineRunner:
                 job.changed.set()
             if id(req) in finished:
                 self._finish(job, now)
+
+
+def _session_of(request: Request) -> object:
+    """The program of a request in the engine: its job's session (the tag is the session id until it is added)."""
+    tag = request.tag
+    return tag.session_id if isinstance(tag, Job) else tag
