@@ -292,3 +292,11 @@ def test_no_move_when_the_prefix_is_resident_or_moving_is_off_or_nowhere_has_roo
     assert ws.move_target("a", ["r", "s"], resident=2990, now=12.0) is None  # its blocks are still on r
     assert ws.move_target("a", ["r", "s"], resident=0, now=12.0) == "s"
     assert ws.move_target("a", ["r"], resident=None, now=12.0) is None  # s may not take sessions
+
+
+def test_an_empty_replica_takes_a_session_however_small_its_cache_against_the_estimate() -> None:
+    ws = WorkingSet(WorkingSetConfig())  # a first context of 2,048 tokens until measured
+    ws.add_replica("small", capacity=1536)  # a target of 1,382 tokens: no room for one by the estimate
+    assert ws.room_for_new("small", now=0.0) == 1  # never 0 on an empty replica: that would never admit anyone
+    ws.bound("a", "small", now=0.0)
+    assert ws.room_for_new("small", now=0.0) == 0

@@ -408,7 +408,10 @@ class WorkingSet:
             return None
         if work.held:
             return 0
-        return max(0, int((free + self.releasable(name, now=now)) // max(1.0, self.first_context)))
+        room = int((free + self.releasable(name, now=now)) // max(1.0, self.first_context))
+        if work.counted <= 0:  # an empty replica takes one whatever the estimate (a small cache under the prior)
+            return max(1, room)
+        return max(0, room)
 
     def make_room(self, name: str, tokens: int, *, now: float) -> bool:
         """Let go of idle sessions, idle longest first, until ``tokens`` fit the target: those whose lease ended,
