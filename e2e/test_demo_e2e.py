@@ -1,4 +1,4 @@
-"""The README's demo, for real: chart, operator pod, simulated pool, load, quarantine and release.
+"""The README's demo, for real: chart, operator pod, simulated pool, load, full working sets and their release.
 
 Runs ``rolloutpool demo --once`` as a user would (a subprocess), then checks what it
 printed and wrote, and that nothing it started is left running. A second run is
@@ -38,7 +38,7 @@ def _start(directory: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
-def test_demo_quarantines_a_replica_releases_it_and_leaves_nothing(tmp_path: Path) -> None:
+def test_demo_fills_the_working_sets_releases_them_and_leaves_nothing(tmp_path: Path) -> None:
     directory, log = tmp_path / "demo", tmp_path / "demo.log"
     proc = _start(directory, log, "--once")
     try:
@@ -48,17 +48,25 @@ def test_demo_quarantines_a_replica_releases_it_and_leaves_nothing(tmp_path: Pat
             proc.kill()
             proc.wait()
     text = log.read_text()
-    assert "A replica was quarantined and released." in text, text[-5000:]
+    assert "The working sets filled (turns held, prefixes let go) and cleared." in text, text[-5000:]
     assert "no processes left behind" in text
     timeline = json.loads((directory / "timeline.json").read_text())
     assert {"load", "released", "cleared"} <= set(timeline["marks"])
     samples = [r for s in timeline["samples"] for r in s["replicas"]]
+    full = [r for r in samples if r.get("heldTurns") or r.get("letGoSessions")]
+    assert full, "the timeline never showed a held turn or a prefix let go"
+    assert all(r["liveSessions"] > 0 for r in full), full
+    assert all(r.get("target") is not None for r in full if r.get("targetReason") != "NoMetrics"), full
+    last = timeline["samples"][-1]["replicas"]
+    assert not any(r.get("heldTurns") or r.get("letGoSessions") or r.get("quarantined") for r in last), last
     by_law = [r for r in samples if r.get("quarantined")]
     by_router = [r for r in samples if r.get("routerQuarantined")]
-    assert by_law or by_router, "the timeline never showed a quarantined replica"
-    assert all(r.get("reason") for r in by_law)
+    assert all(r.get("reason") for r in by_law)  # a quarantine, if any, says why
     assert all(r.get("routerReason") for r in by_router)
-    print(f"quarantined samples: {len(by_law)} by the operator's law, {len(by_router)} by a router")
+    print(
+        f"{len(full)} samples with a full working set; quarantined samples: {len(by_law)} by the operator's law, "
+        f"{len(by_router)} by a router"
+    )
     assert (directory / "timeline.png").stat().st_size > 10_000
     assert _mentioning(str(directory)) == []
 

@@ -1,10 +1,11 @@
-"""``rolloutpool demo``: the whole stack on one machine, through a quarantine and its release.
+"""``rolloutpool demo``: the whole stack on one machine, through full working sets and their release.
 
 Starts (or reuses the cached build of) the local control plane, the process kubelet and
 Prometheus, ``helm install``s the chart (the operator runs as a pod under its own RBAC),
 applies a simulated RolloutPool with adaptive concurrency, drives agentic rollouts
-through the router's Service endpoint until replicas show KV pressure, stops the load and
-waits until the quarantine clears — showing a live table of the pool meanwhile. It writes
+through the router's Service endpoint until the replicas' working sets are full (turns held,
+prefixes let go) or a replica is quarantined, stops the load and waits until all of it
+clears — showing a live table of the pool meanwhile. It writes
 a timeline (JSON and PNG) beside the logs and stops every process on exit or Ctrl-C.
 """
 
@@ -190,6 +191,12 @@ def _load(url: str, *, in_flight: int, seconds: float, time_scale: float) -> Cli
     return asyncio.run(run_client(config))
 
 
+def _full(pool: dict[str, Any] | None) -> bool:
+    """Whether some replica's working set is full: turns held or idle prefixes let go (pure)."""
+    entries = ((pool or {}).get("status") or {}).get("replicaStatus") or []
+    return any((r.get("heldTurns") or 0) > 0 or (r.get("letGoSessions") or 0) > 0 for r in entries)
+
+
 def _quarantined(pool: dict[str, Any] | None) -> bool:
     for c in ((pool or {}).get("status") or {}).get("conditions") or []:
         if c.get("type") == "ReplicasQuarantined":
@@ -221,7 +228,7 @@ def run_demo(*, directory: Path, once: bool, console: Console, in_flight: int = 
             daemon=True,
         )
         loader.start()
-        seen_quarantine = False
+        seen_quarantine = seen_full = False
         with Live(console=console, refresh_per_second=2) as live:
 
             def show() -> dict[str, Any] | None:
@@ -231,21 +238,24 @@ def run_demo(*, directory: Path, once: bool, console: Console, in_flight: int = 
                 return pool
 
             while loader.is_alive() and not stop.is_set():
-                seen_quarantine |= _quarantined(show())
+                pool = show()
+                seen_quarantine |= _quarantined(pool)
+                seen_full |= _full(pool)
                 stop.wait(1.0)
             phases.mark("released")
             deadline = time.monotonic() + 180
             while not stop.is_set() and time.monotonic() < deadline:
                 pool = show()
                 seen_quarantine |= _quarantined(pool)
-                if seen_quarantine and not _quarantined(pool):
+                seen_full |= _full(pool)
+                if (seen_quarantine or seen_full) and pool is not None and not (_quarantined(pool) or _full(pool)):
                     phases.mark("cleared")
                     break
                 stop.wait(1.0)
             while not once and not stop.is_set():
                 show()
                 stop.wait(1.0)
-        _report(console, stack, phases, result, seen_quarantine)
+        _report(console, stack, phases, result, seen_quarantine=seen_quarantine, seen_full=seen_full)
     console.log("Stopped the stack; no processes left behind.")
 
 
@@ -255,7 +265,13 @@ def _ready(stack: LocalStack) -> bool:
 
 
 def _report(
-    console: Console, stack: LocalStack, phases: DemoPhases, result: list[ClientResult], seen_quarantine: bool
+    console: Console,
+    stack: LocalStack,
+    phases: DemoPhases,
+    result: list[ClientResult],
+    *,
+    seen_quarantine: bool,
+    seen_full: bool,
 ) -> None:
     data, plot = phases.write(stack.directory)
     if result:
@@ -264,11 +280,17 @@ def _report(
             f"Load: {len(r.completed)} rollouts completed, {len(r.turns)} turns, "
             f"{r.reprefilled_tokens} tokens re-prefilled, {r.errors} errors"
         )
-    console.print(
-        "A replica was quarantined and released."
-        if "cleared" in phases.marks
-        else "Quarantine seen but not yet cleared."
-        if seen_quarantine
-        else "No quarantine happened."
-    )
+    cleared = "cleared" in phases.marks
+    if seen_full:
+        console.print(
+            "The working sets filled (turns held, prefixes let go) and cleared."
+            if cleared
+            else "The working sets filled but have not cleared yet."
+        )
+    else:
+        console.print("No working set filled.")
+    if seen_quarantine:
+        console.print("A replica was quarantined and released." if cleared else "Quarantine seen but not yet cleared.")
+    else:
+        console.print("No quarantine happened.")
     console.print(f"timeline: {data}\nplot: {plot}\nlogs: {stack.directory} (cluster/logs, prometheus, kubelet)")
