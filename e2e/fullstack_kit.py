@@ -190,13 +190,14 @@ def router_metrics(url: str, *, timeout: float = 5.0) -> Sample:
 
 
 class RpWatch:
-    """``kubectl get rp -w`` in the background, its output to a file; :meth:`stop` always ends it."""
+    """``kubectl get rp -w`` (``wide``: ``-o wide``) in the background, its output to a file; :meth:`stop` always
+    ends it."""
 
-    def __init__(self, stack: LocalStack, out: Path, *, namespace: str = "default") -> None:
+    def __init__(self, stack: LocalStack, out: Path, *, namespace: str = "default", wide: bool = False) -> None:
         self.out = out
         with out.open("wb") as sink:
             self.proc = subprocess.Popen(
-                [str(stack.cluster.binaries.kubectl), "get", "rp", "-n", namespace, "-w"],
+                [str(stack.cluster.binaries.kubectl), "get", "rp", "-n", namespace, "-w", *(["-o", "wide"] * wide)],
                 env=stack.cluster.env(),
                 stdout=sink,
                 stderr=subprocess.STDOUT,

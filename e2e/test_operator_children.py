@@ -63,6 +63,16 @@ def _router_objects(cluster: LocalCluster, ns: str, pool: str) -> dict[str, Any]
     return found
 
 
+def _assert_no_target(status: dict[str, Any]) -> None:
+    """Blind (Prometheus unreachable): every replica without a target or cap, ``targetReason`` NoMetrics, none
+    quarantined by the law."""
+    entries = status["replicaStatus"]
+    assert entries, dumps(status)
+    assert all("target" not in r and "cap" not in r for r in entries), dumps(entries)
+    assert {r.get("targetReason") for r in entries} == {"NoMetrics"}, dumps(entries)
+    assert not any(r["quarantined"] for r in entries), dumps(entries)
+
+
 def _uids(cluster: LocalCluster, ns: str) -> dict[str, str]:
     out = cluster.kubectl("get", ",".join(("pods", *ROUTER_KINDS, "replicasets")), "-n", ns, "-o", "yaml").stdout
     items = yaml.safe_load(out)["items"]
@@ -132,7 +142,14 @@ def test_example_pools_get_children_status_and_survive_restart(
         assert engine["startupProbe"]["failureThreshold"] * engine["startupProbe"]["periodSeconds"] >= 600
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in vllm_pod["tolerations"]
         assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in vllm_pod["volumes"])
-        role = _router_objects(cluster, ns, "sim-grpo")["role"]
+        router = _router_objects(cluster, ns, "sim-grpo")
+        role = router["role"]
+        # the router schedules turns by the spec's working set; the hold limit in wall seconds (time scale 10)
+        router_args = router["deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert {"--target=0.9", "--keep-quantile=0.9", "--hold-limit=30"} <= set(router_args), router_args
+        assert not any(a.startswith(("--cap", "--max-model-len")) for a in router_args), router_args
+        vllm_router = _router_objects(cluster, ns, "qwen3-8b-grpo")["deployment"]
+        assert "--cap-ceiling=256" in vllm_router["spec"]["template"]["spec"]["containers"][0]["args"]
         assert {tuple(r["resources"]) for r in role["rules"]} == {("pods",), ("rolloutpools",)}
         assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in role["rules"])
 
@@ -148,8 +165,8 @@ def test_example_pools_get_children_status_and_survive_restart(
         assert status["replicas"] == 4
         assert status["observedGeneration"] == 1
         assert [r["name"] for r in status["replicaStatus"]] == [f"sim-grpo-engine-{i}" for i in range(4)]
-        # autoscaling off: the operator publishes no cap, the router admits by projected KV tokens
-        assert all("cap" not in r for r in status["replicaStatus"]), status["replicaStatus"]
+        # autoscaling off: the operator publishes no working-set target, the routers keep workingSetTarget
+        assert all("target" not in r and "cap" not in r for r in status["replicaStatus"]), status["replicaStatus"]
         assert condition(status, "Progressing")["status"] == "False"
         assert condition(status, "MetricsAvailable")["reason"] == "AutoscalingDisabled"
         table = cluster.kubectl("get", "rp", "-n", ns).stdout
@@ -157,17 +174,16 @@ def test_example_pools_get_children_status_and_survive_restart(
         row = next(line.split() for line in table.splitlines() if line.startswith("sim-grpo "))
         assert row[1:5] == ["4", "4", "0", "0"], table
 
-        # vLLM example: Prometheus at an unresolvable address -> unreachable, caps at the floor
+        # vLLM example: Prometheus at an unresolvable address -> unreachable; the law publishes no target (NoMetrics)
+        # and the routers keep their own, which is safe without measurements
         vllm_status = wait_until(
             lambda: (s := pool_status(custom, ns, "qwen3-8b-grpo")).get("replicas") == 8 and s,
             what="vLLM status",
             timeout=30.0,
             interval=0.1,
         )
-        vllm_floor = replica_caps(spec=RolloutPoolSpec.model_validate(vllm["spec"]))
-        assert vllm_floor is not None
         assert condition(vllm_status, "MetricsAvailable")["reason"] == "PrometheusUnreachable"
-        assert {r["cap"] for r in vllm_status["replicaStatus"]} == {vllm_floor.floor}
+        _assert_no_target(vllm_status)
 
         before = _uids(cluster, ns)
         operator.stop()
@@ -195,12 +211,16 @@ def test_example_pools_get_children_status_and_survive_restart(
 def test_invalid_spec_and_unreachable_prometheus(
     cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
 ) -> None:
-    """A cap ceiling below the floor: Ready=False naming the field, no children. A closed Prometheus port: floors."""
+    """A session ceiling below the floor: Ready=False naming the field, no children. A closed Prometheus port: no
+    target (NoMetrics), the routers' own applies."""
     core, custom = kube
     base = yaml.safe_load((EXAMPLES / "simulated-pool.yaml").read_text())
     invalid = copy.deepcopy(base)
     invalid["metadata"]["name"] = "too-tight"
-    invalid["spec"]["concurrency"]["maxSessionsPerReplica"] = 5  # floor is 400000 // 32768 = 12
+    invalid["spec"]["concurrency"]["maxSessionsPerReplica"] = 5
+    floor = replica_caps(spec=RolloutPoolSpec.model_validate(base["spec"]))
+    assert floor is not None
+    assert floor.floor == 400000 // 32768  # sessions that fit at full context: a ceiling below it cannot be served
     blind = copy.deepcopy(base)
     blind["metadata"]["name"] = "blind"
     blind["spec"]["replicas"] = 2
@@ -225,9 +245,7 @@ def test_invalid_spec_and_unreachable_prometheus(
         )
         metrics = condition(blind_status, "MetricsAvailable")
         assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnreachable"), dumps(metrics)
-        floor = replica_caps(spec=RolloutPoolSpec.model_validate(blind["spec"]))
-        assert floor is not None
-        assert {r["cap"] for r in blind_status["replicaStatus"]} == {floor.floor}
+        _assert_no_target(blind_status)
         # the blind pool had passes since the invalid one was reported: the invalid one got no children
         assert child_pods(core, ns, "too-tight") == {}
         assert _router_objects(cluster, ns, "too-tight") == {}

@@ -1,11 +1,12 @@
-"""The slow loop against a real Prometheus: metrics available, then Prometheus stopped -> floor caps.
+"""The slow loop against a real Prometheus: metrics available, then Prometheus stopped -> no target.
 
 Real engine simulators serve ``/metrics`` on loopback addresses; their pods (created by the
 operator) are given those addresses as pod IPs by the test, which fakes the kubelet until
 the process kubelet runs them. Debian's Prometheus discovers the pods through the real API
 server (``local_cluster_prometheus``) and scrapes them; the operator reads it every
 ``autoscaling.intervalSeconds``. Stopping Prometheus must turn ``MetricsAvailable`` False
-with ``PrometheusUnreachable`` and bring every cap back to the conservative floor.
+with ``PrometheusUnreachable`` and withdraw every working-set target the law set (``targetReason`` ``NoMetrics``):
+the routers' own target, safe without measurements, applies until Prometheus answers again.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from test_operator_kit import (
     pool_status,
 )
 
-CAPACITY, CONTEXT = 65536, 8192  # floor: 8 sessions per replica
+CAPACITY, CONTEXT = 65536, 8192
+TARGET = 0.8
+"""The pool's ``workingSetTarget``: where the law starts each replica (an idle fleet gives it no reason to move)."""
 
 
 @pytest.fixture
@@ -50,7 +53,7 @@ def kube(cluster: LocalCluster) -> Iterator[tuple[client.CoreV1Api, client.Custo
         connection.close()  # type: ignore[no-untyped-call]
 
 
-def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
+def test_metrics_from_prometheus_then_no_target_when_it_stops(
     cluster: LocalCluster, kube: tuple[client.CoreV1Api, client.CustomObjectsApi], tmp_path: Path
 ) -> None:
     core, custom = kube
@@ -60,6 +63,7 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
     pool["metadata"]["name"] = "watched"
     pool["spec"]["replicas"] = 2
     pool["spec"]["engine"].update(maxModelLen=CONTEXT, kvCapacityTokens=CAPACITY)
+    pool["spec"]["concurrency"] = {"workingSetTarget": TARGET}
     with (
         namespace(cluster, "op-prometheus") as ns,
         ProcessSet(tmp_path / "engines") as engines,
@@ -93,7 +97,9 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
             entries = status["replicaStatus"]
             assert {e["kvCapacityTokens"] for e in entries} == {CAPACITY}, dumps(entries)
             assert all(e["kvUsage"] == 0.0 for e in entries), dumps(entries)
-            assert all(e["cap"] >= CAPACITY // CONTEXT for e in entries)
+            # the law took over each replica at the pool's target; nothing pressed or waited, so it holds there
+            assert {e.get("target") for e in entries} == {TARGET}, dumps(entries)
+            assert all("cap" not in e and not e["quarantined"] for e in entries), dumps(entries)
 
             prometheus.stop()
             stopped = time.monotonic()
@@ -104,8 +110,9 @@ def test_metrics_from_prometheus_then_floor_caps_when_it_stops(
                 return status if metrics.get("reason") == "PrometheusUnreachable" else None
 
             status = wait_until(blind, what="MetricsAvailable=False PrometheusUnreachable", timeout=60, interval=0.1)
-            print(f"Prometheus stopped -> PrometheusUnreachable and floor caps: {time.monotonic() - stopped:.1f}s")
-            print(f"caps while metrics were available: {[e['cap'] for e in entries]}")
+            print(f"Prometheus stopped -> PrometheusUnreachable and no target: {time.monotonic() - stopped:.1f}s")
             assert condition(status, "MetricsAvailable")["status"] == "False"
-            assert {e["cap"] for e in status["replicaStatus"]} == {CAPACITY // CONTEXT}, dumps(status)
+            blind_entries = status["replicaStatus"]
+            assert all("target" not in e for e in blind_entries), dumps(status)  # the routers' own applies
+            assert {e.get("targetReason") for e in blind_entries} == {"NoMetrics"}, dumps(status)
             assert not any(e["quarantined"] for e in status["replicaStatus"])

@@ -32,6 +32,8 @@ RULES: list[dict[str, Any]] = [
         "resources": ["services", "serviceaccounts"],
         "verbs": ["create", "get", "list", "watch", "patch", "delete"],
     },
+    # create only: the operator makes each pool's router admin token and never reads a Secret (the chart's rule)
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {
         "apiGroups": ["apps"],
         "resources": ["deployments"],

@@ -3,9 +3,11 @@
 Two engines named like a pool's pods sit behind a real ``rolloutpool router``; Prometheus
 scrapes all three with static targets labelled ``namespace``/``pod``. A multi-turn load of
 one GRPO group (on one engine: the other is drained through the router's admin API)
-oversubscribes that engine's KV cache, so returning sessions find their prefixes evicted.
-The read must show the pressure on that engine only, and the control law must cut its cap
-and quarantine it.
+oversubscribes that engine's KV cache. The router runs with a working-set target of twice the
+KV capacity (the misjudgement the law exists to correct): it keeps prefixes the engine cannot
+hold, so returning sessions find their kept prefixes evicted. The read must show that pressure
+on that engine only, and the router's held turns per replica; the control law must cut the hot
+engine's target and quarantine it, leave the idle one alone, and publish no target when blind.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         token = Path(logs) / "admin-token"
         token.write_text(ADMIN_TOKEN)
         argv = rolloutpool_argv(
-            # maxModelLen makes the router project KV tokens (and export its measured floor); the fixed cap keeps
-            # placement free of it
-            "router", f"--port={port}", "--scrape-interval=0.5", f"--admin-token-file={token}", "--max-model-len=2048",
+            # a working set twice the KV capacity: prefixes the router keeps are evicted (pressure the law reads);
+            # the fixed cap keeps placement free of the room it computes
+            "router", f"--port={port}", "--scrape-interval=0.5", f"--admin-token-file={token}", "--target=2.0",
             "--cap=8", *replicas,
         )  # fmt: skip
         processes.start("router", argv, ready_url=f"http://127.0.0.1:{port}/readyz")
@@ -219,30 +221,31 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         assert not idle_s.preemptions_per_s
         assert idle_s.prefix_hit_ratio is None  # 0/0: the idle engine saw no query
         assert idle_s.kv_usage == 0.0
-        assert idle_s.kv_usage_mean == 0.0, "avg_over_time of a cache that stayed empty"
-        assert hot_s.kv_usage_mean is not None  # its value: a few 1 s scrapes catch a running request, or none
-        assert 0.0 <= hot_s.kv_usage_mean <= 1.0
-        # the router's measured floor, through Prometheus: six finished sessions do not outweigh the prior yet, so
-        # every session counts at maxModelLen (4096 * 0.9 // 2048)
-        assert (hot_s.kv_cap, idle_s.kv_cap) == (1, 1)
-        # the engine-sims' inter-token latency histogram: a mean step on the engine that generated, none on the other
-        assert hot_s.mean_itl_seconds is not None
-        assert 0.0 < hot_s.mean_itl_seconds < 1.0
-        assert idle_s.mean_itl_seconds is None, "0/0: the idle engine generated no token"
+        assert hot_s.kv_usage is not None
+        assert 0.0 <= hot_s.kv_usage <= 1.0
+        # the router's turn scheduler through Prometheus: its held turns per replica (the law raises a target while
+        # turns wait); the group's turns were served, and the drained engine never held one
+        assert (hot_s.held_turns, idle_s.held_turns) == (0.0, 0.0)
+        assert hot_s.live_sessions is not None  # the group's sessions, or none once a scrape saw them finish
+        assert idle_s.live_sessions == 0
         health = classify_health(enabled=True, reachable=True, signals=signals, now=time.time(), stale_after_seconds=30)
         assert (health.available, health.reason) == (True, "MetricsAvailable")
 
         # a low re-prefill threshold: this load is small next to an 8B model's prefill rate
-        params = LawParams(floor=1, ceiling=16, reprefill_tokens_per_s=1.0)
-        previous = ReplicaControl(cap=8, changed_at=None)
+        params = LawParams(reprefill_tokens_per_s=1.0)
+        previous = ReplicaControl(target=0.9, changed_at=None)
         now = time.time()
         hot_control = decide_replica(previous=previous, signals=hot_s, params=params, now=now)
         idle_control = decide_replica(previous=previous, signals=idle_s, params=params, now=now)
-        assert hot_control.quarantined
-        assert hot_control.cap < previous.cap
-        assert hot_control.reason == "Evicting"
+        assert hot_control.quarantined  # kept prefixes re-prefilled far over the threshold: severe
+        assert hot_control.target is not None
+        assert params.minimum <= hot_control.target < 0.9  # cut by decreaseFactor
+        assert (hot_control.reason, hot_control.changed_at) == ("Evicting", now)
         assert not idle_control.quarantined
-        assert idle_control.cap >= 8
+        assert idle_control.target == 0.9  # no pressure and nothing waiting: held
+        # blind: no target at all (the routers' own applies), never a quarantine
+        blind = decide_replica(previous=hot_control, signals=None, params=params, now=now + 60)
+        assert (blind.target, blind.quarantined, blind.reason) == (None, False, "NoMetrics")
 
 
 async def test_kv_usage_falls_back_to_the_older_metric_name_and_duplicates_count_once(fleet: Fleet) -> None:
@@ -264,7 +267,7 @@ async def test_kv_usage_falls_back_to_the_older_metric_name_and_duplicates_count
     legacy = signals[LEGACY]
     assert legacy is not None
     assert legacy.kv_usage == 0.375
-    assert legacy.kv_usage_mean == 0.375, "the window's mean falls back to the older name as well"
+    assert (legacy.live_sessions, legacy.held_turns) == (None, None), "no router reports it: unknown, not zero"
     assert legacy.waiting == 2.0, "two jobs scrape it: still counted once"
     assert legacy.kv_capacity_tokens == 1600
     assert signals["rl-pool-engine-9"] is None

@@ -40,6 +40,15 @@ def _dry_run_create(cluster: LocalCluster, manifest: dict[str, Any]) -> dict[str
     return created
 
 
+def _priority_class(cluster: LocalCluster, manifest: dict[str, Any]) -> None:
+    """The PriorityClass an example's engine names: admission refuses a pod without it (so this file runs alone,
+    not only after the GPU-pool test that creates it)."""
+    name = manifest["spec"]["engine"].get("priorityClassName")
+    if name:
+        priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
+        cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({**priority, "value": 1000}))
+
+
 @pytest.mark.parametrize(("example", "engine"), CASES)
 def test_every_child_and_the_status_pass_the_api_server(
     cluster: LocalCluster, example: str, engine: dict[str, Any]
@@ -50,6 +59,7 @@ def test_every_child_and_the_status_pass_the_api_server(
         manifest = load_example(example)
         manifest["metadata"]["namespace"] = namespace
         manifest["spec"]["engine"].update(engine)
+        _priority_class(cluster, manifest)
         cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump(manifest))
         name = manifest["metadata"]["name"]
         pool: dict[str, Any] = json.loads(cluster.kubectl("get", "rp", name, "-n", namespace, "-o", "json").stdout)
@@ -85,7 +95,7 @@ def test_every_child_and_the_status_pass_the_api_server(
             pods=[{**pod, "status": {"phase": "Running"}} for pod in pods.values()],
             live_sessions={names[0]: 3},
             queued_sessions=1,
-            controls={names[0]: ReplicaControl(cap=12, changed_at=1.7e9, quarantined=True, reason="Preempting")},
+            controls={names[0]: ReplicaControl(target=0.81, changed_at=1.7e9, quarantined=True, reason="Preempting")},
             health=MetricsHealth(False, "PrometheusUnreachable", "Prometheus query failed: refused"),
             draining={},
             previous=None,
@@ -98,7 +108,11 @@ def test_every_child_and_the_status_pass_the_api_server(
             "--dry-run=server", "-o", "json", "-p", body,
         )  # fmt: skip
         returned = json.loads(patched.stdout)["status"]
-        assert returned["replicaStatus"][0]["quarantined"] is True
+        first = returned["replicaStatus"][0]
+        assert first["quarantined"] is True
+        # the law's working-set target and why it moved survive the server's schema (no pruned field)
+        assert (first["target"], first["targetReason"]) == (0.81, "Preempting")
+        assert "cap" not in first
         assert [c["type"] for c in returned["conditions"]] == [
             "Ready",
             "Progressing",

@@ -65,12 +65,12 @@ def _pool() -> dict[str, Any]:
                 "model": MODEL,
                 "maxModelLen": 8192,
                 "gpusPerReplica": 0,
-                # a floor of 3 sessions per replica: the cap; far more KV than 3 short sessions hold, so nothing
-                # live is evicted and a cache miss means another engine
+                # far more KV than 3 short sessions hold (the working set has room for 10 first contexts at
+                # 0.9): maxSessionsPerReplica is the cap, nothing live is evicted and a cache miss means another engine
                 "kvCapacityTokens": CAP * 8192,
                 "simulator": {"hardware": "h100-80gb", "timeScale": 20},
             },
-            "concurrency": {"expectedResidency": 1.0, "headroom": 0.1, "maxSessionsPerReplica": CAP},
+            "concurrency": {"workingSetTarget": 0.9, "maxSessionsPerReplica": CAP},
             "router": {"replicas": ROUTERS, "idleTimeoutSeconds": 120, "queueTimeoutSeconds": 60},
         },
     }

@@ -2,9 +2,10 @@
 
 The full-stack fixtures (``LocalStack``: real control plane, process kubelet, Prometheus, the chart
 installed with ``helm``; always stopped, no process left) run the demo's simulated pool with
-``spec.router.trace.enabled`` and without autoscaling, so the router obeys the cap the operator publishes
-(the initial cap of ``expectedResidency``), which the replay fixes with ``--trace-cap``. Rollouts (the bench client's
-tool-chat, with their GRPO group in ``X-Session-Group``) push the replicas into eviction; the trace is
+``spec.router.trace.enabled`` and without autoscaling, so the operator publishes no working-set target and the
+router schedules turns by its own (``concurrency.workingSetTarget``, the simulator's default too), with no session
+ceiling. Rollouts (the bench client's tool-chat, with their GRPO group in ``X-Session-Group``) outgrow the replicas'
+working sets, so turns are held and idle prefixes let go and re-prefilled; the trace is
 read from the router pod's state volume and replayed on the trace's own fleet (its replicas and KV
 capacity), at the engines' time scale. The replay's cached tokens per turn must land within
 :data:`TOLERANCE` of what the router saw; the comparison is written to
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from fullstack_kit import diagnosis, isolated_stack, pod_dirs, processes_under, router_pod
 from rolloutpool.cli import main
@@ -38,9 +41,9 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 TIME_SCALE = 10.0
 IN_FLIGHT = 30
 LOAD_SECONDS = 150.0
-RESIDENCY = 0.3
-"""KV admission starts at 4 / 0.3 x 0.9 = 12 sessions per replica over a floor of 4 and then follows the
-measured contexts: live prefixes compete for the cache, so some are evicted and re-prefilled."""
+TARGET = 0.9
+"""The working-set target of the pool and of the replay (``WorkingSetConfig``'s default): 10 rollouts per replica
+whose contexts grow to 8,192 tokens outgrow 0.9 x 32,768 tokens, so the router holds turns and lets prefixes go."""
 TOLERANCE = 0.10
 """Replayed total cached tokens within 10 % of the recorded (all turns, and turns 1+ alone), and the median
 turn's error within 2 % of its prompt. The replay itself is exact (tests/test_trace.py: a synthetic trace
@@ -75,7 +78,7 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
 ) -> None:
     pool = demo_pool(prometheus_url=stack.prometheus_url, time_scale=TIME_SCALE)
     pool["spec"]["autoscaling"] = {"enabled": False}
-    pool["spec"]["concurrency"] = {"expectedResidency": RESIDENCY, "headroom": 0.1}
+    pool["spec"]["concurrency"] = {"workingSetTarget": TARGET}  # no maxSessionsPerReplica: the replay has none
     pool["spec"]["router"]["trace"] = {"enabled": True, "maxBytes": 64 * 1024 * 1024}
     assert stack.apply(yaml.safe_dump(pool)) == f"rolloutpool.rolloutpool.io/{POOL} created"
     waited = stack.cluster.kubectl("wait", "--for=condition=Ready", f"rp/{POOL}", "--timeout=110s", check=False)
@@ -86,6 +89,8 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     (router,) = router_pod(stack, POOL)
     args = router["spec"]["containers"][0]["args"]
     assert "--trace-file=/var/lib/rolloutpool/trace.jsonl" in args, args
+    assert f"--target={TARGET:g}" in args, args
+    assert not any(a.startswith("--cap") for a in args), args
 
     chat = scenario("tool-chat").with_(max_model_len=8192, turns=Lognormal(8, 16))
     config = ClientConfig(
@@ -104,7 +109,7 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     )
     trace = read_trace(path.read_text().splitlines())
     assert trace.header.session_ids == "hashed"
-    assert trace.header.max_model_len == 8192
+    assert trace.header.max_model_len is None  # the router no longer knows it: the replay sizes from the contexts
     assert sorted(r.capacity_tokens for r in trace.replicas) == [32768] * 3
     assert not any("replay-" in t.session for t in trace.turns)  # the ids are hashed
     recorded_turns = len(trace.turns)
@@ -112,14 +117,19 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     recorded = sum(t.cached_tokens or 0 for t in trace.turns)
     assert recorded == pytest.approx(sum(t.cached_tokens for t in result.turns), rel=0.05)
 
-    # without autoscaling the operator publishes no cap and the router admits by projected KV tokens (cold:
-    # the residency cap): the replay runs the same admission code with the pool's residency and headroom
-    assert all(r.get("cap") is None for r in stack.pool(POOL)["status"]["replicaStatus"])
+    # without autoscaling the operator publishes no target and the router schedules turns by its own: the replay
+    # runs the same working-set code at the same target
+    entries = stack.pool(POOL)["status"]["replicaStatus"]
+    assert all(r.get("target") is None and not r.get("quarantined") for r in entries), entries
+    # ...whose budget is the target's share of each replica's capacity, and the load outgrew it: prefixes let go
+    decisions = _router_metrics(url)
+    assert decisions["rolloutpool_router_working_set_budget_tokens"] == {int(TARGET * 32768)}, decisions
+    assert sum(decisions["let_go"]) > 0, decisions
     out = tmp_path / "replay"
     replayed = CliRunner().invoke(
         main,
         ["simulate", "--trace", str(path), "--trace-time-scale", str(TIME_SCALE), "--policy", "rolloutpool",
-         "--residency", str(RESIDENCY), "--headroom", "0.1", "--out", str(out)],
+         "--out", str(out)],
     )  # fmt: skip
     assert replayed.exit_code == 0, replayed.output
     print(replayed.output)
@@ -139,6 +149,21 @@ def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     assert abs(total["total_error"]) <= TOLERANCE, total
     assert abs(later["total_error"]) <= TOLERANCE, later
     assert total["median_abs_error_of_prompt"] <= MEDIAN_TOLERANCE, total
+
+
+def _router_metrics(url: str) -> dict[str, set[float] | list[float]]:
+    """The router's working-set budgets (distinct values over the replicas) and its let-go decisions per replica."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:  # noqa: S310 - the router's own http URL
+        text = resp.read().decode()
+    budgets: set[float] = set()
+    let_go: list[float] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "rolloutpool_router_working_set_budget_tokens":
+                budgets.add(sample.value)
+            if sample.name == "rolloutpool_router_turn_decisions_total" and sample.labels["decision"] == "let_go":
+                let_go.append(sample.value)
+    return {"rolloutpool_router_working_set_budget_tokens": budgets, "let_go": let_go}
 
 
 def _later_turns(by_turn: dict[str, dict[str, Any]]) -> dict[str, Any]:
