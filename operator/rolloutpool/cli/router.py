@@ -10,6 +10,7 @@ import click
 if TYPE_CHECKING:
     from rolloutpool.router.config import RouterConfig
     from rolloutpool.router.kv_sources import KvEventsSettings
+    from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = ["router_command"]
 
@@ -87,6 +88,15 @@ def _default_state(host: str, port: int) -> Path | None:
     show_default=True,
     metavar="SECONDS",
     help="A held turn is served after this long whatever the room (bounded wait).",
+)
+@click.option(
+    "--time-scale",
+    "engine_time_scale",
+    type=click.FloatRange(min=0.001),
+    default=1.0,
+    show_default=True,
+    help="Engine seconds per wall second, for time-scaled engine-sims: the scheduler's engine-time constants (the "
+    "hold limit, the lease before tool times are learned, the fairness wait) are divided by it.",
 )
 @click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
 @click.option(
@@ -233,6 +243,7 @@ def router_command(
     target: float,
     keep_quantile: float,
     hold_limit: float,
+    engine_time_scale: float,
     no_turn_scheduling: bool,
     turn_scheduler: str | None,
     turn_scheduler_config: str | None,
@@ -272,7 +283,6 @@ def router_command(
     from rolloutpool.router.compat import CompatError, replica_name, translate  # noqa: PLC0415
     from rolloutpool.routing.implicit import ImplicitConfig  # noqa: PLC0415
     from rolloutpool.routing.sessionkey import DEFAULT_BODY_FIELDS  # noqa: PLC0415
-    from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
 
     try:
         compat = translate(list(ctx.args))
@@ -302,9 +312,7 @@ def router_command(
             "port": port,
             "turns": None
             if no_turn_scheduling
-            else WorkingSetConfig(
-                target=target, limit=max(1.0, target), keep_quantile=keep_quantile, hold_limit_s=hold_limit
-            ),
+            else _turns(target=target, keep_quantile=keep_quantile, hold_limit=hold_limit, scale=engine_time_scale),
             "turn_scheduler": turn_scheduler,
             "turn_scheduler_config": _json_object(turn_scheduler_config),
             "cap": cap,
@@ -364,6 +372,21 @@ def router_command(
     pods = PodWatch(api, namespace=discover_namespace, selector=discover_selector or "")
     limits = PoolWatch(api, namespace=discover_namespace, name=pool).events if pool else None
     run_router(config, discovery=pods.events, limits=limits)
+
+
+def _turns(*, target: float, keep_quantile: float, hold_limit: float, scale: float) -> WorkingSetConfig:
+    """The turn scheduler's settings; its engine-time constants in wall seconds at the engines' time scale."""
+    from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
+
+    default = WorkingSetConfig()
+    return WorkingSetConfig(
+        target=target,
+        limit=max(1.0, target),
+        keep_quantile=keep_quantile,
+        hold_limit_s=hold_limit / scale,
+        keep_s=default.keep_s / scale,
+        fair_after_s=default.fair_after_s / scale,
+    )
 
 
 def _kv_events_settings(endpoints: tuple[str, ...], port: str | None) -> KvEventsSettings:

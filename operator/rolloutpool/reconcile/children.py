@@ -294,8 +294,9 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         f"--keep-quantile={_number(concurrency.keep_quantile)}",
     ]
     simulator = spec.engine.simulator
-    scale = simulator.time_scale if simulator is not None else 1.0  # engine-sims run time-scaled: wall seconds here
-    args.append(f"--hold-limit={_number(concurrency.hold_limit_seconds / scale)}")
+    args.append(f"--hold-limit={_number(concurrency.hold_limit_seconds)}")
+    if simulator is not None and simulator.time_scale != 1.0:  # engine-sims run time-scaled: the router follows
+        args.append(f"--time-scale={_number(simulator.time_scale)}")
     if concurrency.max_sessions_per_replica is not None:
         args.append(f"--cap-ceiling={concurrency.max_sessions_per_replica}")
     if _kv_events(spec):

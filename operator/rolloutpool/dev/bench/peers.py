@@ -35,7 +35,6 @@ from typing import Any
 
 from rolloutpool.engine.model.cost import CostModel
 from rolloutpool.routing.peers.progress_ttl_math import BOUNDS_S
-from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = [
     "ADAPTIVE",
@@ -133,7 +132,7 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str], turn_scheduler: 
         config = json.dumps(turn_scheduler_config(turn_scheduler, launch))
         argv += ["--turn-scheduler", turn_scheduler, "--turn-scheduler-config", config]
     else:  # the hold limit is engine time: the engine-sims run time-scaled
-        argv += ["--hold-limit", f"{WorkingSetConfig().hold_limit_s / launch.time_scale:g}"]
+        argv += ["--time-scale", f"{launch.time_scale:g}"]  # its hold limit, lease prior and fairness wait
     argv += [
         "--scrape-interval", str(launch.scrape_interval_s),
         "--queue-timeout", str(launch.queue_timeout_s),

@@ -100,7 +100,7 @@ async def _session(
 ) -> None:
     rng = random.Random(shape.seed * 1000 + index)  # noqa: S311 -- a workload, not secrets
     sid = f"s{shape.seed}-{index}"
-    context = [rng.randrange(10, 30000) for _ in range(shape.prompt_tokens)]
+    context = [rng.randrange(3, 2040) for _ in range(shape.prompt_tokens)]
     previous: int | None = None
     for turn in range(shape.turns):
         try:
@@ -119,7 +119,7 @@ async def _session(
         context += output  # the next prompt extends this turn's prompt and answer, as an agent's does
         if turn + 1 < shape.turns:
             await asyncio.sleep(rng.uniform(*shape.tool_gap_s))
-            context += [rng.randrange(10, 30000) for _ in range(shape.observation_tokens)]
+            context += [rng.randrange(3, 2040) for _ in range(shape.observation_tokens)]
 
 
 async def run_client(url: str, shape: ClientShape) -> dict[str, int]:
