@@ -131,7 +131,13 @@ def test_co_location_yields_to_balance_beyond_the_slack() -> None:
     assert max(placed[2].values()) - min(placed[2].values()) <= 3  # within the slack (+1 for the member placed)
     assert max(placed[2].values()) >= 3  # ...but still in chunks that share the group's prompt
     assert placed[None] == {"r0": 16}  # without a slack the whole group packs onto one replica
-    assert SessionAware().balance_slack == 2
+    tie = _table(4, cap=100)
+    default = SessionAware()  # slack 0: the group breaks ties among the least loaded
+    for i in range(16):
+        replica = default.choose(Placement(f"m{i}", group="g"), tie)
+        assert replica is not None
+        tie.bind(f"m{i}", replica, now=0, group="g")
+    assert sorted(len(r.sessions) for r in tie.replicas.values()) == [4, 4, 4, 4]
 
 
 def test_clairvoyant_packs_by_projected_tokens() -> None:
