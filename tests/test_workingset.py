@@ -300,3 +300,6 @@ def test_an_empty_replica_takes_a_session_however_small_its_cache_against_the_es
     assert ws.room_for_new("small", now=0.0) == 1  # never 0 on an empty replica: that would never admit anyone
     ws.bound("a", "small", now=0.0)
     assert ws.room_for_new("small", now=0.0) == 0
+    ws.turn_finished("a", context=900, now=1.0)  # a waits on its tool, its prefix kept for its lease (20 s)
+    assert ws.room_for_new("small", now=2.0) == 0
+    assert ws.room_for_new("small", now=30.0) == 1  # its lease ended: letting it go would empty the replica

@@ -408,9 +408,10 @@ class WorkingSet:
             return None
         if work.held:
             return 0
-        room = int((free + self.releasable(name, now=now)) // max(1.0, self.first_context))
-        if work.counted <= 0:  # an empty replica takes one whatever the estimate (a small cache under the prior)
-            return max(1, room)
+        releasable = self.releasable(name, now=now)
+        room = int((free + releasable) // max(1.0, self.first_context))
+        if work.counted - releasable <= 0:  # empty, or would be once idle sessions are let go: take one whatever
+            return max(1, room)  # the estimate (a small cache under the first-context prior)
         return max(0, room)
 
     def make_room(self, name: str, tokens: int, *, now: float) -> bool:
