@@ -56,7 +56,7 @@ def _lockstep(seed: int, *, steps: int = 2500, blocks: int = 120) -> tuple[Engin
             prompt_len = BS * len(base) + len(tokens)
             if prompt_len < lazy.config.max_model_len - 1:
                 prompts.append(hashes)
-                max_tokens = rng.randint(1, 300)
+                max_tokens = rng.randint(1, 300) if rng.random() < 0.8 else rng.randint(1, 2)  # some finish at once
                 out = hash_token_blocks([-rid] * max_tokens, BS, parent=hashes[-1] if hashes else 0)
                 a = Request(rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=hashes + out)
                 b = Request(rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=hashes + out)

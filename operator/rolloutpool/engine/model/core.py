@@ -145,6 +145,10 @@ class Engine:
 
     def step(self) -> StepOutcome:
         """Schedule and execute one engine step."""
+        if self._lazy and self._fins is not None and self.pool.events is None:
+            out = self._lazy_step()
+            if out is not None:
+                return out
         self.settle()
         fins, self._fins = self._fins, None
         bs, pool = self._bs, self.pool
@@ -181,7 +185,49 @@ class Engine:
             self._step_decode_cache(fins, [req for req, _ in scheduled[i:]], out.finished)
         return out
 
-    def _step_decode_cache(self, fins: list[int], admitted: list[Request], finished: list[Request]) -> None:
+    def _lazy_step(self) -> StepOutcome | None:
+        """:meth:`step` beside a batch of pure decoders (the decode cache is valid), touching only the requests it
+        admits or finishes; None (nothing done) when the decoders' next blocks would not fit: the eager step preempts.
+
+        The decoders' one token each is a lazy decode run of one step: their blocks for it are taken at once
+        (the eager step takes them request by request, before admitting: the same blocks leave the free queue),
+        their tokens and KV enter the step's cost as sums, and their counters and seals wait for :meth:`settle`.
+        """
+        fins, running, pool = self._fins, self.running, self.pool
+        assert fins is not None  # noqa: S101 -- checked by the caller
+        batch = len(running)
+        budget = self.config.max_num_batched_tokens - batch
+        if budget < 0:
+            return None
+        need = self._decode_blocks_needed(1)
+        if need > pool.num_free:
+            return None
+        if need:
+            pool.take_new(need)
+        decoders_kv = self._kv
+        self._fins = None  # admission reads no decode cache
+        self._lazy_clock += 1
+        self._dirty = True
+        scheduled: list[tuple[Request, int]] = []
+        self._admit(budget, scheduled)
+        clock, lazy_clock, model_len = self._clock + 1, self._lazy_clock, self.config.max_model_len
+        ended: list[Request] = []
+        for fin, _, req in fins:  # decoders this step finishes: the front of the list, in batch order
+            if fin > clock:
+                break
+            self._catch_up(req, lazy_clock)
+            if req.num_output >= req.max_tokens:
+                req.finish_reason = "stop"
+            elif req.prompt_len + req.num_output >= model_len:
+                req.finish_reason = "length"
+            else:  # pragma: no cover - the decode cache's last step says it finishes
+                raise RuntimeError("decode cache out of step with a request")
+            ended.append(req)
+        out = self._execute(scheduled, [], decoders=batch, decoders_kv=decoders_kv, ended=ended)
+        self._step_decode_cache(fins, [req for req, _ in scheduled], out.finished)
+        return out
+
+    def _step_decode_cache(self, fins: list[tuple[int, int, Request]], admitted: list[Request], finished: list[Request]) -> None:
         """Carry the decode cache over a step in which every cached request decoded one token.
 
         The step is one more tick of the cache's clock for them; the ones it finished
@@ -197,7 +243,7 @@ class Engine:
             if id(req) not in new:
                 done += 1
                 counts[(req.num_computed - 1 - clock) % bs] -= 1
-        del fins[:done]  # their last step was this one: the front of the list  # their last step was this one: the front of the list
+        del fins[:done]  # their last step was this one: the front of the list
         model_len = self.config.max_model_len
         for req in admitted:
             if id(req) in ended:
@@ -251,10 +297,23 @@ class Engine:
             budget -= n_new
         return budget
 
-    def _execute(self, scheduled: list[tuple[Request, int]], preempted: list[Request]) -> StepOutcome:
+    def _execute(
+        self,
+        scheduled: list[tuple[Request, int]],
+        preempted: list[Request],
+        *,
+        decoders: int = 0,
+        decoders_kv: int = 0,
+        ended: list[Request] | None = None,
+    ) -> StepOutcome:
+        """Run the scheduled chunks: their cost, counters, seals and finishes.
+
+        ``decoders`` more requests (the batch before ``scheduled``) decoded one token each over ``decoders_kv``
+        computed tokens, lazily: they count in the cost and the counters, and ``ended`` of them finished.
+        """
         cost = self.config.cost
         prefill_tokens = 0
-        kv_read = kv_new = 0
+        kv_read, kv_new = decoders_kv, decoders
         pairs = 0.0  # prefill attention: a chunk of q tokens over p computed ones, q * (p + q / 2) query-key pairs
         for req, n_new in scheduled:
             computed = req.num_computed
@@ -270,12 +329,12 @@ class Engine:
                 kv_tokens_read=kv_read,
                 attention_pairs=pairs,
             )
-            if scheduled
+            if scheduled or decoders
             else 0.0
         )
-        finished: list[Request] = []
+        finished: list[Request] = [] if ended is None else ended  # the batch's order: decoders first
         first: list[Request] = []
-        generated = 0
+        generated = decoders
         bs, seal, model_len, events = self._bs, self.pool.seal, self.config.max_model_len, self.pool.events
         for req, n_new in scheduled:  # _seal and _done, inlined
             computed = req.num_computed + n_new
@@ -306,11 +365,12 @@ class Engine:
                     finished.append(req)
         self._kv += kv_new
         self._finish(finished)
+        stepped = 1 if scheduled or decoders else 0
         self.counters.generation_tokens += generated
-        self.counters.steps += 1 if scheduled else 0
+        self.counters.steps += stepped
         self.counters.busy_seconds += duration
         self.counters.token_step_seconds += duration * generated
-        return StepOutcome(duration, 1 if scheduled else 0, finished, first, preempted, generated)
+        return StepOutcome(duration, stepped, finished, first, preempted, generated)
 
     # -- many decode steps at once ----------------------------------------------------
 
@@ -357,6 +417,7 @@ class Engine:
 
     def _decode_cache(self) -> list[int] | None:
         """Build the decode cache when every running request is decoding (else None)."""
+        self.settle()
         bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
         last = self.running[-1]  # the newest (just admitted, perhaps still in prefill): a quick no
         if last.prompt_len + last.num_output - last.num_computed != 1 or last.num_output == 0:
@@ -389,6 +450,7 @@ class Engine:
         duration = self.decode_run_seconds(steps)
         if self._lazy and self._fins is not None and self.pool.events is None:
             return self._lazy_decode_run(steps, duration)
+        self.settle()
         running = self.running
         bs, seal, clock, events = self._bs, self.pool.seal, self._clock, self.pool.events
         fins, counts = self._fins, self._phase_counts
