@@ -227,7 +227,9 @@ class Engine:
         self._step_decode_cache(fins, [req for req, _ in scheduled], out.finished)
         return out
 
-    def _step_decode_cache(self, fins: list[tuple[int, int, Request]], admitted: list[Request], finished: list[Request]) -> None:
+    def _step_decode_cache(
+        self, fins: list[tuple[int, int, Request]], admitted: list[Request], finished: list[Request]
+    ) -> None:
         """Carry the decode cache over a step in which every cached request decoded one token.
 
         The step is one more tick of the cache's clock for them; the ones it finished
@@ -415,7 +417,7 @@ class Engine:
         steps = cycles * bs + bs - 1 - phase
         return min(remaining, steps) if steps >= 1 else 0
 
-    def _decode_cache(self) -> list[int] | None:
+    def _decode_cache(self) -> list[tuple[int, int, Request]] | None:
         """Build the decode cache when every running request is decoding (else None)."""
         self.settle()
         bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
