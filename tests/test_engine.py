@@ -300,7 +300,7 @@ def _assert_caches_fresh(engine: Engine) -> None:
     if engine._fins is not None:
         clock = engine._clock
         left = [min(r.max_tokens - r.num_output, engine.config.max_model_len - r.seq_len) for r in running]
-        assert engine._fins == sorted(clock + n for n in left)
+        assert [fin for fin, _, _ in engine._fins] == sorted(clock + n for n in left)
         counts = [0] * BS
         for req in running:
             counts[(req.num_computed - 1 - clock) % BS] += 1

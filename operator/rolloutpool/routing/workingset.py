@@ -397,8 +397,12 @@ class WorkingSet:
 
     def releasable(self, name: str, *, now: float) -> int:
         """Tokens of idle sessions that could be let go now (their lease ended)."""
-        work = self.replicas[name]
-        return sum(t.counted for t in (self.sessions[sid] for sid in work.idle) if t.until <= now)
+        sessions, total = self.sessions, 0
+        for sid in self.replicas[name].idle:
+            tracked = sessions[sid]
+            if tracked.until <= now:
+                total += tracked.counted
+        return total
 
     def room_for_new(self, name: str, *, now: float) -> int | None:
         """How many new sessions of the expected first context the replica can take now (None: unknown)."""
@@ -422,6 +426,8 @@ class WorkingSet:
         if budget is None or work.capacity is None:
             return False
         free = budget - work.counted
+        if free >= tokens:
+            return True
         over = work.capacity * self.config.limit - budget  # free below -over: past the limit
         for sid in list(work.idle):
             if free >= tokens:

@@ -94,6 +94,7 @@ class _Fleet:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.scenario.max_model_len,
             cost=config.cost or preset.cost,
+            lazy_decode=True,  # nothing here looks up a decoding request's own output blocks: engine/model/core.py
         )
         self.capacity = ecfg.kv_capacity_tokens
         self.block_size = ecfg.block_size

@@ -51,7 +51,7 @@ def _run(job: Job) -> tuple[Job, RunResult, float]:
 def run_jobs(
     jobs: list[Job], *, workers: int, on_done: Callable[[Job, RunResult, float], None] | None = None
 ) -> list[tuple[Job, RunResult, float]]:
-    """Run every job (``workers`` processes; 1 runs inline); results keep the job order."""
+    """Run every job (``workers`` processes, the largest first; 1 runs inline); results keep the job order."""
     results: dict[int, tuple[Job, RunResult, float]] = {}
     if workers <= 1:
         for i, job in enumerate(jobs):
@@ -61,9 +61,9 @@ def run_jobs(
     else:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending: dict[Future[tuple[Job, RunResult, float]], int] = {
-                pool.submit(_run, job): i for i, job in enumerate(jobs)
-            }
+            # the largest runs first (most sessions in flight), so that no long one starts last on an idle pool
+            order = sorted(range(len(jobs)), key=lambda i: -jobs[i].config.in_flight)
+            pending: dict[Future[tuple[Job, RunResult, float]], int] = {pool.submit(_run, jobs[i]): i for i in order}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -210,13 +211,25 @@ class Trajectory:
 
 
 class TrajectorySource:
-    """Yields trajectories in start order; index ``i`` is the same in every run."""
+    """Yields trajectories in start order; index ``i`` is the same in every run.
+
+    A trajectory drawn without drift is remembered for the process (keyed by scenario, seed and index, a few
+    scenarios at most): the runs of a sweep, one per policy and load, draw each one once.
+    """
+
+    _drawn: ClassVar[dict[tuple[Scenario, int], dict[int, Trajectory]]] = {}
+    _DRAWN_KEYS: ClassVar[int] = 4
 
     def __init__(self, scenario: Scenario, seed: int) -> None:
         self.scenario = scenario
         self.seed = seed
         self._next = 0
         self._group_prompt: dict[int, int] = {}
+        drawn = TrajectorySource._drawn
+        key = (scenario, seed)
+        if key not in drawn and len(drawn) >= self._DRAWN_KEYS:
+            drawn.clear()
+        self._memo = drawn.setdefault(key, {})
 
     def _group_prompt_tokens(self, group: int) -> int:
         if group not in self._group_prompt:
@@ -228,6 +241,16 @@ class TrajectorySource:
         """The next trajectory to start, at virtual time ``now`` (which only matters under drift)."""
         index = self._next
         self._next += 1
+        s = self.scenario
+        scale = s.length_scale(now)
+        if scale == 1.0:
+            known = self._memo.get(index)
+            if known is None:
+                known = self._memo[index] = self._draw(index, scale)
+            return known
+        return self._draw(index, scale)
+
+    def _draw(self, index: int, scale: float) -> Trajectory:
         group = index // self.scenario.group_size
         s = self.scenario
         rng = np.random.default_rng([self.seed, 2, index])
@@ -235,7 +258,6 @@ class TrajectorySource:
         if s.long_share > 0.0 and s.long_turns is not None and float(rng.random()) < s.long_share:
             turns_dist = s.long_turns  # drawn only for a mix, so other scenarios keep their streams
         turns = max(1, round(float(turns_dist.draw(rng, 1)[0])))
-        scale = s.length_scale(now)
         # Python floats (tolist) are the same numbers as numpy's, and far cheaper to loop over
         actions = tuple(max(1, round(x * scale)) for x in s.action_tokens.draw(rng, turns).tolist())
         observations = tuple(max(1, round(x * scale)) for x in s.observation_tokens.draw(rng, turns).tolist())

@@ -24,6 +24,12 @@ change the batch in between; its result is identical to repeated single steps. T
 engine keeps the batch's KV sum and a decode cache (each request's last step and block
 phase) up to date as it goes, so planning a run costs little more than the run itself;
 ``tests/test_engine.py`` checks both against a recomputation after every step.
+
+With ``EngineConfig.lazy_decode`` (the fleet simulator) a decode run over a valid decode
+cache touches no request: it advances a lazy clock, and each request's counters and
+block seals catch up (:meth:`Engine.settle`) when it finishes, before a step, an abort,
+or when a caller asks. ``tests/test_engine_lazy.py`` runs lazy and eager engines in
+lockstep and compares every discrete result.
 """
 
 from __future__ import annotations
@@ -56,8 +62,13 @@ class Engine:
         self._kv = 0  # sum of num_computed over the running batch
         # the decode cache (see decode_run_length): valid while only decode runs changed the batch
         self._clock = 0  # decode-run steps applied so far
-        self._fins: list[int] | None = None  # running requests' last step on the clock, ascending
+        self._fins: list[tuple[int, int, Request]] | None = None
+        # running requests' (last step on the clock, batch order, request), ascending
         self._phase_counts: list[int] = []  # running requests by (num_computed - 1 - clock) % block_size
+        self._admitted = 0  # requests that joined the batch so far: their batch order
+        self._lazy = config.lazy_decode
+        self._lazy_clock = 0  # lazy decode-run steps so far; a running request is settled up to its lazy_since
+        self._dirty = False  # some running request is behind the lazy clock (only while the decode cache is valid)
 
     # -- intake ---------------------------------------------------------------------
 
@@ -71,6 +82,7 @@ class Engine:
 
     def abort(self, request: Request) -> bool:
         """Drop a request wherever it is; returns whether it was found."""
+        self.settle()
         if request in self.running:
             self.running.remove(request)
             self._kv -= request.num_computed
@@ -103,8 +115,41 @@ class Engine:
 
     # -- one step -------------------------------------------------------------------
 
+    def settle(self) -> None:
+        """Bring every running request's counters and block seals up to date (lazy decode; else a no-op)."""
+        if not self._dirty:
+            return
+        clock = self._lazy_clock
+        for req in self.running:
+            if req.lazy_since != clock:
+                self._catch_up(req, clock)
+        self._dirty = False
+
+    def _catch_up(self, req: Request, clock: int) -> None:
+        """Apply the lazy decode steps a request has not seen yet: its counters, then its full blocks' seals."""
+        steps = clock - req.lazy_since
+        req.lazy_since = clock
+        computed = req.num_computed + steps
+        req.num_computed = computed
+        req.num_output += steps
+        bs = self._bs
+        full = computed // bs
+        n_hashed = req.n_hashed
+        if n_hashed < full:
+            hashes = req.hashes
+            full = min(full, len(hashes))
+            if n_hashed < full:
+                req.pool_hint = self.pool.seal(hashes, n_hashed, full, req.pool_hint)
+                req.n_hashed = n_hashed = full
+        req.n_private = -(-computed // bs) - n_hashed
+
     def step(self) -> StepOutcome:
         """Schedule and execute one engine step."""
+        if self._lazy and self._fins is not None and self.pool.events is None:
+            out = self._lazy_step()
+            if out is not None:
+                return out
+        self.settle()
         fins, self._fins = self._fins, None
         bs, pool = self._bs, self.pool
         budget = self.config.max_num_batched_tokens
@@ -142,7 +187,51 @@ class Engine:
             self._step_decode_cache(fins, [req for req, _ in scheduled[i:]], out.finished)
         return out
 
-    def _step_decode_cache(self, fins: list[int], admitted: list[Request], finished: list[Request]) -> None:
+    def _lazy_step(self) -> StepOutcome | None:
+        """:meth:`step` beside a batch of pure decoders (the decode cache is valid), touching only the requests it
+        admits or finishes; None (nothing done) when the decoders' next blocks would not fit: the eager step preempts.
+
+        The decoders' one token each is a lazy decode run of one step: their blocks for it are taken at once
+        (the eager step takes them request by request, before admitting: the same blocks leave the free queue),
+        their tokens and KV enter the step's cost as sums, and their counters and seals wait for :meth:`settle`.
+        """
+        fins, running, pool = self._fins, self.running, self.pool
+        assert fins is not None  # noqa: S101 -- checked by the caller
+        batch = len(running)
+        budget = self.config.max_num_batched_tokens - batch
+        if budget < 0:
+            return None
+        need = self._decode_blocks_needed(1)
+        if need > pool.num_free:
+            return None
+        if need:
+            pool.take_new(need)
+        decoders_kv = self._kv
+        self._fins = None  # admission reads no decode cache
+        self._lazy_clock += 1
+        self._dirty = True
+        scheduled: list[tuple[Request, int]] = []
+        self._admit(budget, scheduled)
+        clock, lazy_clock, model_len = self._clock + 1, self._lazy_clock, self.config.max_model_len
+        ended: list[Request] = []
+        for fin, _, req in fins:  # decoders this step finishes: the front of the list, in batch order
+            if fin > clock:
+                break
+            self._catch_up(req, lazy_clock)
+            if req.num_output >= req.max_tokens:
+                req.finish_reason = "stop"
+            elif req.prompt_len + req.num_output >= model_len:
+                req.finish_reason = "length"
+            else:  # pragma: no cover - the decode cache's last step says it finishes
+                raise RuntimeError("decode cache out of step with a request")
+            ended.append(req)
+        out = self._execute(scheduled, [], decoders=batch, decoders_kv=decoders_kv, ended=ended)
+        self._step_decode_cache(fins, [req for req, _ in scheduled], out.finished)
+        return out
+
+    def _step_decode_cache(
+        self, fins: list[tuple[int, int, Request]], admitted: list[Request], finished: list[Request]
+    ) -> None:
         """Carry the decode cache over a step in which every cached request decoded one token.
 
         The step is one more tick of the cache's clock for them; the ones it finished
@@ -167,7 +256,7 @@ class Engine:
             seq_len = req.prompt_len + out
             if seq_len - req.num_computed != 1 or out == 0:
                 return  # still in prefill: the cache stays dropped
-            bisect.insort(fins, clock + min(req.max_tokens - out, model_len - seq_len))
+            bisect.insort(fins, (clock + min(req.max_tokens - out, model_len - seq_len), req.batch_order, req))
             counts[(req.num_computed - 1 - clock) % bs] += 1
         self._fins = fins
 
@@ -205,16 +294,32 @@ class Engine:
                     counters.prefix_hits += hit_tokens
                 counters.prompt_tokens += req.prompt_len
                 counters.prompt_tokens_cached += hit_tokens
+            self._admitted += 1
+            req.batch_order = self._admitted
+            req.lazy_since = self._lazy_clock
             self.running.append(req)
             self._kv += hit_tokens
             scheduled.append((req, n_new))
             budget -= n_new
         return budget
 
-    def _execute(self, scheduled: list[tuple[Request, int]], preempted: list[Request]) -> StepOutcome:
+    def _execute(
+        self,
+        scheduled: list[tuple[Request, int]],
+        preempted: list[Request],
+        *,
+        decoders: int = 0,
+        decoders_kv: int = 0,
+        ended: list[Request] | None = None,
+    ) -> StepOutcome:
+        """Run the scheduled chunks: their cost, counters, seals and finishes.
+
+        ``decoders`` more requests (the batch before ``scheduled``) decoded one token each over ``decoders_kv``
+        computed tokens, lazily: they count in the cost and the counters, and ``ended`` of them finished.
+        """
         cost = self.config.cost
         prefill_tokens = 0
-        kv_read = kv_new = 0
+        kv_read, kv_new = decoders_kv, decoders
         pairs = 0.0  # prefill attention: a chunk of q tokens over p computed ones, q * (p + q / 2) query-key pairs
         for req, n_new in scheduled:
             computed = req.num_computed
@@ -230,12 +335,12 @@ class Engine:
                 kv_tokens_read=kv_read,
                 attention_pairs=pairs,
             )
-            if scheduled
+            if scheduled or decoders
             else 0.0
         )
-        finished: list[Request] = []
+        finished: list[Request] = [] if ended is None else ended  # the batch's order: decoders first
         first: list[Request] = []
-        generated = 0
+        generated = decoders
         bs, seal, model_len, events = self._bs, self.pool.seal, self.config.max_model_len, self.pool.events
         for req, n_new in scheduled:  # _seal and _done, inlined
             computed = req.num_computed + n_new
@@ -266,11 +371,12 @@ class Engine:
                     finished.append(req)
         self._kv += kv_new
         self._finish(finished)
+        stepped = 1 if scheduled or decoders else 0
         self.counters.generation_tokens += generated
-        self.counters.steps += 1 if scheduled else 0
+        self.counters.steps += stepped
         self.counters.busy_seconds += duration
         self.counters.token_step_seconds += duration * generated
-        return StepOutcome(duration, 1 if scheduled else 0, finished, first, preempted, generated)
+        return StepOutcome(duration, stepped, finished, first, preempted, generated)
 
     # -- many decode steps at once ----------------------------------------------------
 
@@ -298,7 +404,7 @@ class Engine:
         fins = self._fins if self._fins is not None else self._decode_cache()
         if fins is None:
             return 0
-        remaining = min(fins[0] - self._clock, max_steps)
+        remaining = min(fins[0][0] - self._clock, max_steps)
         if remaining < 1 or self._admissible():
             return 0
         # the largest s with _blocks_needed(s) <= free: whole cycles of bs steps cost
@@ -315,20 +421,21 @@ class Engine:
         steps = cycles * bs + bs - 1 - phase
         return min(remaining, steps) if steps >= 1 else 0
 
-    def _decode_cache(self) -> list[int] | None:
+    def _decode_cache(self) -> list[tuple[int, int, Request]] | None:
         """Build the decode cache when every running request is decoding (else None)."""
+        self.settle()
         bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
         last = self.running[-1]  # the newest (just admitted, perhaps still in prefill): a quick no
         if last.prompt_len + last.num_output - last.num_computed != 1 or last.num_output == 0:
             return None
-        fins: list[int] = []
+        fins: list[tuple[int, int, Request]] = []
         counts = [0] * bs
         for req in self.running:
             computed, out = req.num_computed, req.num_output
             seq_len = req.prompt_len + out
             if seq_len - computed != 1 or out == 0:
                 return None
-            fins.append(clock + min(req.max_tokens - out, model_len - seq_len))
+            fins.append((clock + min(req.max_tokens - out, model_len - seq_len), req.batch_order, req))
             counts[(computed - 1 - clock) % bs] += 1
         fins.sort()
         self._fins, self._phase_counts = fins, counts
@@ -347,6 +454,9 @@ class Engine:
     def decode_run(self, steps: int) -> StepOutcome:
         """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
         duration = self.decode_run_seconds(steps)
+        if self._lazy and self._fins is not None and self.pool.events is None:
+            return self._lazy_decode_run(steps, duration)
+        self.settle()
         running = self.running
         bs, seal, clock, events = self._bs, self.pool.seal, self._clock, self.pool.events
         fins, counts = self._fins, self._phase_counts
@@ -378,12 +488,51 @@ class Engine:
         clock += steps
         self._clock = clock
         self._kv += steps * len(running)
-        finished = self._decoded_finished() if fins is None or fins[0] <= clock else []
+        finished = self._decoded_finished() if fins is None or fins[0][0] <= clock else []
         generated = steps * len(running)
         if fins is not None and finished:
             del fins[: len(finished)]
             for req in finished:
                 counts[(req.num_computed - 1 - clock) % bs] -= 1
+        self._finish(finished)
+        self.counters.generation_tokens += generated
+        self.counters.steps += steps
+        self.counters.busy_seconds += duration
+        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
+        return StepOutcome(duration, steps, finished, [], [], generated)
+
+    def _lazy_decode_run(self, steps: int, duration: float) -> StepOutcome:
+        """:meth:`decode_run` touching only the requests it finishes (the decode cache is valid)."""
+        fins, counts, bs, running = self._fins, self._phase_counts, self._bs, self.running
+        assert fins is not None  # noqa: S101 -- checked by the caller
+        need = self._decode_blocks_needed(steps)
+        if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
+            raise RuntimeError("decode_run asked for more steps than blocks allow")
+        clock = self._clock + steps
+        self._clock = clock
+        lazy_clock = self._lazy_clock + steps
+        self._lazy_clock = lazy_clock
+        self._dirty = True
+        self._kv += steps * len(running)
+        finished: list[Request] = []
+        if fins[0][0] <= clock:  # the front of the list, in batch order: _decoded_finished's order
+            done = 0
+            model_len = self.config.max_model_len
+            for fin, _, req in fins:
+                if fin > clock:
+                    break
+                done += 1
+                self._catch_up(req, lazy_clock)
+                if req.num_output >= req.max_tokens:
+                    req.finish_reason = "stop"
+                elif req.prompt_len + req.num_output >= model_len:
+                    req.finish_reason = "length"
+                else:  # pragma: no cover - the decode cache's last step says it finishes
+                    raise RuntimeError("decode cache out of step with a request")
+                finished.append(req)
+                counts[(req.num_computed - 1 - clock) % bs] -= 1
+            del fins[:done]
+        generated = steps * len(running)
         self._finish(finished)
         self.counters.generation_tokens += generated
         self.counters.steps += steps

@@ -29,6 +29,11 @@ class EngineConfig:
     cost: CostModel = field(default_factory=CostModel)
     enable_prefix_caching: bool = True
     """vLLM's ``--enable-prefix-caching`` (on by default): off, no admission finds a cached block."""
+    lazy_decode: bool = False
+    """Settle decoding requests' counters and block seals when they leave the batch or a step needs them, not
+    every decode run (the fleet simulator's speed-up; identical results where no other request can look up a
+    decoding request's unsealed output blocks, as there: each output is its own chain). Off while KV events are
+    recorded."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -45,10 +50,12 @@ class Request:
 
     __slots__ = (
         "arrival",
+        "batch_order",
         "cached_tokens",
         "finish_reason",
         "first_token_step",
         "hashes",
+        "lazy_since",
         "max_tokens",
         "n_hashed",
         "n_private",
@@ -87,6 +94,10 @@ class Request:
         """The pool's hint for this request's next seal (opaque)."""
         self.skip_cache_read = False
         """Never look up cached blocks (vLLM skips the lookup for ``prompt_logprobs``); its own blocks get cached."""
+        self.batch_order = 0
+        """The engine's admission count when it last joined the batch (the batch's order)."""
+        self.lazy_since = 0
+        """The engine's lazy decode clock when its counters were last settled (``EngineConfig.lazy_decode``)."""
 
     @property
     def seq_len(self) -> int:
