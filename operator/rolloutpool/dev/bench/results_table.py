@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bench:
         documents = [json.loads(p.read_text()) for p in args.bench]
         block += "\n### Real processes (`rolloutpool bench`, four engine-sims)\n\n" + bench_table(documents)
-        block += "".join(f"- `{d.get('command', '?')}`\n" for d in documents)
+        block += "\n" + "".join(f"- `{d.get('command', '?')}`\n" for d in documents)
     if args.write is None:
         print(block)
     else:
