@@ -245,6 +245,18 @@ class Ledger:
         name = None if self.work is None else self.work.destination(session.session_id)
         if name is None or name == session.replica or name not in self.table.replicas:
             return session
+        return self._rebind(session, name, now=now)
+
+    def _move(self, current: Session, name: str, *, now: float) -> Session:
+        """A session whose turn would wait moves once to ``name``, where it fits now (its prefix was gone anyway)."""
+        assert self.work is not None  # noqa: S101 - only turn scheduling moves sessions
+        self.work.move(current.session_id, name, now=now)
+        session = self._rebind(current, name, now=now)
+        self._resume(current.replica, now=now)
+        return session
+
+    def _rebind(self, session: Session, name: str, *, now: float) -> Session:
+        """``session`` live on ``name`` instead, with what it knew of its context; caps of both replicas follow."""
         moved = self.table.bind(
             session.session_id,
             name,
@@ -258,26 +270,6 @@ class Ledger:
         self._kv_cap(name)
         self.events.append(Placed(moved, "moved"))
         return moved
-
-    def _move(self, current: Session, name: str, *, now: float) -> Session:
-        """A session whose turn would wait moves once to ``name``, where it fits now (its prefix was gone anyway)."""
-        assert self.work is not None  # noqa: S101 - only turn scheduling moves sessions
-        old = current.replica
-        session = self.table.bind(
-            current.session_id,
-            name,
-            now=now,
-            group=current.group,
-            projected_tokens=current.projected_tokens,
-            prompt_tokens=current.prompt_tokens,
-        )
-        session.context_tokens = current.context_tokens
-        self.work.move(current.session_id, name, now=now)
-        self._kv_cap(old)
-        self._kv_cap(name)
-        self._resume(old, now=now)
-        self.events.append(Placed(session, "moved"))
-        return session
 
     def _route_again(self, current: Session, placement: Placement, *, now: float) -> Arrival:
         """A non-sticky policy chooses every turn; a session that moves is bound anew on its new replica."""
