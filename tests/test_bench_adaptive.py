@@ -196,7 +196,7 @@ def test_adaptive_router_gets_the_admin_token_file() -> None:
     )
     argv = our_router_argv(launch, prefix=["rolloutpool"])
     assert argv[argv.index("--admin-token-file") + 1] == "/run/token"
-    assert argv[argv.index("--hold-limit") + 1] == "30"  # 300 engine seconds at 10x: wall seconds
+    assert argv[argv.index("--time-scale") + 1] == "10"  # the hold limit, lease prior and fairness wait follow
     overhead = our_router_argv(replace(launch, max_model_len=None), prefix=["rolloutpool"])
     assert "--no-turn-scheduling" in overhead  # the overhead measurement: placement only
 

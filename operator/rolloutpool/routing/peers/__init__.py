@@ -2,3 +2,5 @@
 
 Sources, defaults and every choice made where a source was silent: ``docs/peers.md``.
 """
+
+__all__: list[str] = []
