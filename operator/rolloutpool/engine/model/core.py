@@ -212,18 +212,12 @@ class Engine:
         self._dirty = True
         scheduled: list[tuple[Request, int]] = []
         self._admit(budget, scheduled)
-        clock, lazy_clock, model_len = self._clock + 1, self._lazy_clock, self.config.max_model_len
+        clock, lazy_clock = self._clock + 1, self._lazy_clock
         ended: list[Request] = []
         for fin, _, req in fins:  # decoders this step finishes: the front of the list, in batch order
             if fin > clock:
                 break
-            self._catch_up(req, lazy_clock)
-            if req.num_output >= req.max_tokens:
-                req.finish_reason = "stop"
-            elif req.prompt_len + req.num_output >= model_len:
-                req.finish_reason = "length"
-            else:  # pragma: no cover - the decode cache's last step says it finishes
-                raise RuntimeError("decode cache out of step with a request")
+            self._finish_lazy(req, lazy_clock)
             ended.append(req)
         out = self._execute(scheduled, [], decoders=batch, decoders_kv=decoders_kv, ended=ended)
         self._step_decode_cache(fins, [req for req, _ in scheduled], out.finished)
@@ -517,18 +511,11 @@ class Engine:
         finished: list[Request] = []
         if fins[0][0] <= clock:  # the front of the list, in batch order: _decoded_finished's order
             done = 0
-            model_len = self.config.max_model_len
             for fin, _, req in fins:
                 if fin > clock:
                     break
                 done += 1
-                self._catch_up(req, lazy_clock)
-                if req.num_output >= req.max_tokens:
-                    req.finish_reason = "stop"
-                elif req.prompt_len + req.num_output >= model_len:
-                    req.finish_reason = "length"
-                else:  # pragma: no cover - the decode cache's last step says it finishes
-                    raise RuntimeError("decode cache out of step with a request")
+                self._finish_lazy(req, lazy_clock)
                 finished.append(req)
                 counts[(req.num_computed - 1 - clock) % bs] -= 1
             del fins[:done]
@@ -550,6 +537,16 @@ class Engine:
         for phase in range(bs - steps % bs, bs):
             need += counts[(phase - clock) % bs]
         return need
+
+    def _finish_lazy(self, req: Request, lazy_clock: int) -> None:
+        """A lazy decoder the decode cache says finishes now: its counters caught up and its finish reason set."""
+        self._catch_up(req, lazy_clock)
+        if req.num_output >= req.max_tokens:
+            req.finish_reason = "stop"
+        elif req.prompt_len + req.num_output >= self.config.max_model_len:
+            req.finish_reason = "length"
+        else:  # pragma: no cover - the decode cache's last step says it finishes
+            raise RuntimeError("decode cache out of step with a request")
 
     def _decoded_finished(self) -> list[Request]:
         """The running requests a decode run just finished, in batch order, with their finish reasons."""
