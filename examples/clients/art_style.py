@@ -25,7 +25,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
-from common import REPLICA_HEADER, Tally, Trajectory, served_model, wait_healthy
+from common import REPLICA_HEADER, Tally, Trajectory, client_parser, served_model, wait_healthy
 
 SYSTEM = (
     "You are an agent playing a text game. Think step by step, call a tool when you need "
@@ -88,19 +88,11 @@ async def run(args: argparse.Namespace) -> Tally:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="vllm-router or rolloutpool router.")
-    parser.add_argument("--model", default=None, help="Served model (default: the first of /v1/models).")
+    parser = client_parser(__doc__, token_ids=False)
     parser.add_argument("--api-key", default="EMPTY", help="ART's client sends a bearer key; vLLM ignores it.")
     parser.add_argument("--trajectories", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4, help="Trajectories per scenario (a GRPO group).")
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--observation-words", type=int, default=40)
-    parser.add_argument("--tool-time", type=float, default=0.05, help="Seconds between a reply and the next turn.")
-    parser.add_argument("--block-size", type=int, default=16, help="The engines' KV block size.")
-    parser.add_argument("--request-timeout", type=float, default=120.0)
-    parser.add_argument("--health-timeout", type=float, default=30.0)
     args = parser.parse_args()
     raise SystemExit(asyncio.run(run(args)).report())
 

@@ -23,6 +23,7 @@ lost, no turn missed its prefix and every turn carried logprobs.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -34,6 +35,24 @@ import aiohttp
 
 REPLICA_HEADER = "X-RolloutPool-Replica"
 """The engine our router forwarded to; vllm-router sends no such header."""
+
+
+def client_parser(doc: str | None, *, model: bool = True, token_ids: bool = True) -> argparse.ArgumentParser:
+    """The options every client style takes (``model``: --model; ``token_ids``: prompt and observation sizes)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="vllm-router or rolloutpool router.")
+    if model:
+        parser.add_argument("--model", default=None, help="Served model (default: the first of /v1/models).")
+    parser.add_argument("--turns", type=int, default=4)
+    if token_ids:
+        parser.add_argument("--prompt-tokens", type=int, default=200)
+        parser.add_argument("--observation-tokens", type=int, default=60)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--tool-time", type=float, default=0.05, help="Seconds between a reply and the next turn.")
+    parser.add_argument("--block-size", type=int, default=16, help="The engines' KV block size.")
+    parser.add_argument("--request-timeout", type=float, default=120.0)
+    parser.add_argument("--health-timeout", type=float, default=30.0)
+    return parser
 
 
 def cached_tokens(usage: dict[str, Any] | None) -> int | None:

@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 
 import aiohttp
-from common import REPLICA_HEADER, Tally, Trajectory, observation_ids, served_model, wait_healthy
+from common import REPLICA_HEADER, Tally, Trajectory, client_parser, observation_ids, served_model, wait_healthy
 
 FINISH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 
@@ -120,21 +120,11 @@ async def run(args: argparse.Namespace) -> Tally:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="vllm-router or rolloutpool router.")
-    parser.add_argument("--model", default=None, help="Served model (default: the first of /v1/models).")
+    parser = client_parser(__doc__)
     parser.add_argument("--episodes", type=int, default=8, help="Training episodes (/inference/v1/generate).")
     parser.add_argument("--eval-episodes", type=int, default=2, help="Evaluation episodes (/v1/chat/completions).")
     parser.add_argument("--group-size", type=int, default=4, help="Episodes sharing one prompt (a GRPO group).")
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=200)
-    parser.add_argument("--observation-tokens", type=int, default=60)
-    parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--policy-version", type=int, default=0, help="cache_salt = policy-<version>.")
-    parser.add_argument("--tool-time", type=float, default=0.05, help="Seconds between a reply and the next turn.")
-    parser.add_argument("--block-size", type=int, default=16, help="The engines' KV block size.")
-    parser.add_argument("--request-timeout", type=float, default=120.0)
-    parser.add_argument("--health-timeout", type=float, default=30.0)
     args = parser.parse_args()
     raise SystemExit(asyncio.run(run(args)).report())
 
