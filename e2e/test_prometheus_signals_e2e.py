@@ -201,8 +201,15 @@ async def test_eviction_pressure_is_read_on_the_hot_replica_and_the_law_acts_on_
         assert used == {hot}, "the drained engine took no session"
 
         def pressure_seen(signals: dict[str, ReplicaSignals | None]) -> bool:
+            # held turns is a gauge: a scrape taken while the group ran may still show a turn held; wait for one
+            # taken after the group's turns were all served (a turn held for good times the read out)
             s = signals[hot]
-            return s is not None and (s.reprefill_tokens_per_s or 0.0) > 0 and s.prefix_hit_ratio is not None
+            return (
+                s is not None
+                and (s.reprefill_tokens_per_s or 0.0) > 0
+                and s.prefix_hit_ratio is not None
+                and s.held_turns == 0.0
+            )
 
         signals = await read_until(reader, replicas, pressure_seen)
         started = time.monotonic()
