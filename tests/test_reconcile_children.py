@@ -324,6 +324,7 @@ def test_router_objects() -> None:
         f"--admin-token-file={ADMIN_TOKEN_PATH}",
         "--target=0.9",
         "--keep-quantile=0.9",
+        "--prefill-rate=40000",
         "--hold-limit=300",
         "--cap-ceiling=256",
         "--kv-events-port=5557,5558",
@@ -455,15 +456,23 @@ def test_needs_update_for_every_router_object() -> None:
     assert changed == ["Deployment"]
 
 
-@given(target=st.floats(0.1, 1.0), quantile=st.floats(0.5, 0.999), time_scale=st.floats(0.001, 10000))
-def test_numbers_reach_the_command_line_unrounded(target: float, quantile: float, time_scale: float) -> None:
+@given(
+    target=st.floats(0.1, 1.0),
+    quantile=st.floats(0.5, 0.999),
+    rate=st.floats(0.0, 1e9),
+    time_scale=st.floats(0.001, 10000),
+)
+def test_numbers_reach_the_command_line_unrounded(
+    target: float, quantile: float, rate: float, time_scale: float
+) -> None:
     pool = pool_object("simulated-pool.yaml")
-    pool["spec"]["concurrency"] = {"workingSetTarget": target, "keepQuantile": quantile}
+    pool["spec"]["concurrency"] = {"workingSetTarget": target, "keepQuantile": quantile, "prefillTokensPerSecond": rate}
     pool["spec"]["engine"]["simulator"]["timeScale"] = time_scale
     spec = spec_of(pool)
     args = container(router_objects(pool=pool, spec=spec, default_image=IMAGE)[-1]["spec"]["template"])["args"]
     values = dict(a.removeprefix("--").split("=", 1) for a in args)
     assert float(values["target"]) == target
     assert float(values["keep-quantile"]) == quantile
+    assert float(values["prefill-rate"]) == rate
     engine_args = container(engine_pod(pool=pool, spec=spec, index=0, default_image=IMAGE))["args"]
     assert float(dict(a.removeprefix("--").split("=", 1) for a in engine_args if "=" in a)["time-scale"]) == time_scale

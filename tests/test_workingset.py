@@ -15,7 +15,14 @@ from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.workingset import Phase, WorkingSet, WorkingSetConfig
 
 CONFIG = WorkingSetConfig(
-    target=0.5, limit=1.0, keep_s=10.0, keep_quantile=None, hold_limit_s=100.0, fair_after_s=30.0, growth=100
+    target=0.5,
+    limit=1.0,
+    keep_s=10.0,
+    keep_quantile=None,
+    prefill_tokens_per_s=None,
+    hold_limit_s=100.0,
+    fair_after_s=30.0,
+    growth=100,
 )
 
 
@@ -161,6 +168,7 @@ def test_the_working_set_is_always_the_sum_of_what_its_sessions_count(ops: list[
         }
         assert set(work.idle) == {s for s, t in ws.sessions.items() if t.phase is Phase.IDLE}
         assert work.out == {s for s, t in ws.sessions.items() if t.phase in (Phase.LET_GO, Phase.HELD)}
+        assert work.busy == {s for s, t in ws.sessions.items() if t.phase is Phase.GENERATING}
         for t in ws.sessions.values():
             assert (t.counted == 0) == (t.phase in (Phase.LET_GO, Phase.HELD)) or t.phase is Phase.GENERATING
 
@@ -242,6 +250,33 @@ def test_leases_follow_the_tool_times_learned_from_the_gaps() -> None:
     assert "slow" not in ws.tool.sessions
 
 
+def test_a_prefix_is_kept_no_longer_than_its_re_prefill_would_stall_the_batch() -> None:
+    # tools take ~30 s (the lease's 0.9 quantile is longer); 4,000 tokens re-prefill in 0.1 s at 40,000 tok/s
+    ws = WorkingSet(replace(CONFIG, keep_s=30.0, keep_quantile=0.9, prefill_tokens_per_s=40_000.0))
+    ws.add_replica("r", capacity=1_000_000)
+    for i in range(8):
+        ws.bound(f"g{i}", "r", now=0.0, first_context=4000)
+    ws.turn_finished("g0", context=4000, now=1.0)  # 7 others generate beside it
+    g0 = ws.sessions["g0"]
+    assert g0.until - g0.since == pytest.approx(7 * 4000 / 40_000)
+    for i in range(1, 8):
+        ws.turn_finished(f"g{i}", context=4000, now=1.0)
+    g7 = ws.sessions["g7"]
+    assert g7.until - g7.since == pytest.approx(4000 / 40_000)  # alone: one turn's stall, not none
+    big = WorkingSet(replace(CONFIG, keep_s=30.0, keep_quantile=0.9, prefill_tokens_per_s=40_000.0))
+    big.add_replica("r", capacity=10_000_000)
+    for i in range(8):
+        big.bound(f"g{i}", "r", now=0.0, first_context=400_000)
+    big.turn_finished("g0", context=400_000, now=1.0)  # 7 x 10 s: past the lease, which bounds it
+    b0 = big.sessions["g0"]
+    assert b0.until - b0.since == pytest.approx(big.tool.lease("g0", quantile=0.9))
+    assert 30.0 < b0.until - b0.since < 70.0
+    off = WorkingSet(replace(CONFIG, keep_s=30.0, keep_quantile=None, prefill_tokens_per_s=None))
+    off.add_replica("r", capacity=1_000_000)
+    _idle(off, "a", 4000, now=0.0)
+    assert off.sessions["a"].until == 30.0  # no rate: the lease alone
+
+
 # -- moving once, instead of waiting -------------------------------------------------------------------------
 
 
@@ -295,7 +330,7 @@ def test_no_move_when_the_prefix_is_resident_or_moving_is_off_or_nowhere_has_roo
 
 
 def test_an_empty_replica_takes_a_session_however_small_its_cache_against_the_estimate() -> None:
-    ws = WorkingSet(WorkingSetConfig())  # a first context of 2,048 tokens until measured
+    ws = WorkingSet(WorkingSetConfig(prefill_tokens_per_s=None))  # a first context of 2,048 tokens until measured
     ws.add_replica("small", capacity=1536)  # a target of 1,382 tokens: no room for one by the estimate
     assert ws.room_for_new("small", now=0.0) == 1  # never 0 on an empty replica: that would never admit anyone
     ws.bound("a", "small", now=0.0)

@@ -293,6 +293,10 @@ class ConcurrencySpec(SpecModel):
     """An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from the
     gaps between turns; after that it may be let go when a turn or a new session needs the room."""
 
+    prefill_tokens_per_second: float = Field(default=40_000.0, ge=0.0, le=1e9)
+    """The engines' prefill rate (an 8B model on an H100: about 40,000 tokens/s). An idle prefix is kept no longer than
+    its break-even: the time its re-prefill would stall the replica's generating turns. 0: the lease alone."""
+
     hold_limit_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
     """A held turn is served after this long whatever the room (bounded wait)."""
 

@@ -82,6 +82,16 @@ def _default_state(host: str, port: int) -> Path | None:
     "the gaps between turns; then it may be let go when room is needed.",
 )
 @click.option(
+    "--prefill-rate",
+    type=click.FloatRange(min=0),
+    default=40_000.0,
+    show_default=True,
+    metavar="TOKENS_PER_S",
+    help="The engines' prefill rate (an 8B model on an H100: about 40,000). An idle prefix is kept no longer than "
+    "its re-prefill would stall its replica's generating turns (its break-even): short where contexts are small or "
+    "the GPU fast. 0: the lease alone.",
+)
+@click.option(
     "--hold-limit",
     type=click.FloatRange(min=0),
     default=300.0,
@@ -96,7 +106,8 @@ def _default_state(host: str, port: int) -> Path | None:
     default=1.0,
     show_default=True,
     help="Engine seconds per wall second, for time-scaled engine-sims: the scheduler's engine-time constants (the "
-    "hold limit, the lease before tool times are learned, the fairness wait) are divided by it.",
+    "hold limit, the lease before tool times are learned, the fairness wait) are divided by it, the prefill rate "
+    "multiplied.",
 )
 @click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
 @click.option(
@@ -242,6 +253,7 @@ def router_command(
     port: int,
     target: float,
     keep_quantile: float,
+    prefill_rate: float,
     hold_limit: float,
     engine_time_scale: float,
     no_turn_scheduling: bool,
@@ -312,7 +324,13 @@ def router_command(
             "port": port,
             "turns": None
             if no_turn_scheduling
-            else _turns(target=target, keep_quantile=keep_quantile, hold_limit=hold_limit, scale=engine_time_scale),
+            else _turns(
+                target=target,
+                keep_quantile=keep_quantile,
+                prefill_rate=prefill_rate,
+                hold_limit=hold_limit,
+                scale=engine_time_scale,
+            ),
             "turn_scheduler": turn_scheduler,
             "turn_scheduler_config": _json_object(turn_scheduler_config),
             "cap": cap,
@@ -374,7 +392,9 @@ def router_command(
     run_router(config, discovery=pods.events, limits=limits)
 
 
-def _turns(*, target: float, keep_quantile: float, hold_limit: float, scale: float) -> WorkingSetConfig:
+def _turns(
+    *, target: float, keep_quantile: float, prefill_rate: float, hold_limit: float, scale: float
+) -> WorkingSetConfig:
     """The turn scheduler's settings; its engine-time constants in wall seconds at the engines' time scale."""
     from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
 
@@ -383,6 +403,7 @@ def _turns(*, target: float, keep_quantile: float, hold_limit: float, scale: flo
         target=target,
         limit=max(1.0, target),
         keep_quantile=keep_quantile,
+        prefill_tokens_per_s=prefill_rate * scale if prefill_rate > 0 else None,  # engine tokens per wall second
         hold_limit_s=hold_limit / scale,
         keep_s=default.keep_s / scale,
         fair_after_s=default.fair_after_s / scale,

@@ -292,6 +292,7 @@ def _router_args(pool_name: str, spec: RolloutPoolSpec) -> list[str]:
         f"--admin-token-file={ADMIN_TOKEN_PATH}",
         f"--target={_number(concurrency.working_set_target)}",
         f"--keep-quantile={_number(concurrency.keep_quantile)}",
+        f"--prefill-rate={_number(concurrency.prefill_tokens_per_second)}",
     ]
     simulator = spec.engine.simulator
     args.append(f"--hold-limit={_number(concurrency.hold_limit_seconds)}")

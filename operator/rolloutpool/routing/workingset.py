@@ -58,6 +58,9 @@ class WorkingSetConfig:
     """The lease: an idle session's prefix is kept until this quantile of its predicted tool time
     (:mod:`~rolloutpool.routing.tooltime`: learned from the gaps between its turns and the fleet's);
     None: ``keep_s``."""
+    prefill_tokens_per_s: float | None = 40_000.0
+    """The engines' prefill rate (tokens per second of the engines' clock): an idle prefix is kept no longer than
+    its break-even, the time its re-prefill would stall the replica's decode batch (None: the lease alone)."""
     hold_limit_s: float = 300.0
     """A held turn is served after this long whatever the room (bounded wait)."""
     fair_after_s: float = 10.0
@@ -140,6 +143,8 @@ class ReplicaWork:
     """Sessions whose turn waits, in arrival order."""
     out: set[str] = field(default_factory=set)
     """Sessions whose prefix is let go (waiting on a tool, or held)."""
+    busy: set[str] = field(default_factory=set)
+    """Sessions generating a turn (the decode batch a re-prefill stalls)."""
     groups: dict[str, list[int]] = field(default_factory=dict)
     """Group -> [members counted, shared tokens]: the shared prompt is in the working set once, not per member."""
     holds: int = 0
@@ -223,6 +228,7 @@ class WorkingSet:
         context = int(first_context) if first_context else int(self.first_context)
         tracked = Tracked(replica, 0, Phase.GENERATING, now, group=group, shared=shared)
         self.sessions[sid] = tracked
+        self.replicas[replica].busy.add(sid)
         self._count(tracked, context)
 
     def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
@@ -245,6 +251,7 @@ class WorkingSet:
         self._count(tracked, 0)
         work.idle.pop(sid, None)
         work.out.discard(sid)
+        work.busy.discard(sid)
         if tracked.phase is Phase.HELD:
             work.held.remove(sid)
 
@@ -283,7 +290,7 @@ class WorkingSet:
         tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:
             work.idle.pop(sid, None)
-            self._generate(tracked, now, tracked.counted + int(self.growth))
+            self._generate(tracked, now, tracked.counted + int(self.growth), sid)
             self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
             return True
         need = self.need(sid)
@@ -291,7 +298,7 @@ class WorkingSet:
         unknown = work.capacity is None  # an engine that reports no KV capacity: nothing to schedule by
         if cached or unknown or (not work.held and self.make_room(work.name, need, now=now)):
             work.out.discard(sid)
-            self._generate(tracked, now, need)
+            self._generate(tracked, now, need, sid)
             if cached:
                 self.make_room(work.name, 0, now=now)
             return True
@@ -332,12 +339,13 @@ class WorkingSet:
         self._count(tracked, 0)
         old.idle.pop(sid, None)
         old.out.discard(sid)
+        old.busy.discard(sid)
         tracked.replica, tracked.moved, tracked.lapsed = replica, True, True
         work = self.replicas[replica]
         work.moves += 1
         need = self.need(sid)
         self.make_room(replica, need, now=now)
-        self._generate(tracked, now, need)
+        self._generate(tracked, now, need, sid)
 
     def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
         """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
@@ -359,16 +367,26 @@ class WorkingSet:
         else:
             tracked.context += int(self.growth)
         tracked.phase, tracked.since = Phase.IDLE, now
-        tracked.until = now + self._lease(sid)
+        work = self.replicas[tracked.replica]
+        work.busy.discard(sid)
+        tracked.until = now + self._lease(sid, tracked.context, len(work.busy))
         self._count(tracked, tracked.context)
-        self.replicas[tracked.replica].idle[sid] = None
+        work.idle[sid] = None
 
-    def _lease(self, sid: str) -> float:
+    def _lease(self, sid: str, context: int, batch: int) -> float:
+        """How long an idle prefix is kept: the quantile of its predicted tool time, but no longer than its
+        break-even, while re-prefilling it later would stall the ``batch`` generating beside it for less time than
+        its tokens held idle cost the sessions that wait for them."""
         quantile = self.config.keep_quantile
-        return self.config.keep_s if quantile is None else self.tool.lease(sid, quantile=quantile)
+        lease = self.config.keep_s if quantile is None else self.tool.lease(sid, quantile=quantile)
+        rate = self.config.prefill_tokens_per_s
+        if rate is None:
+            return lease
+        return min(lease, max(1, batch) * context / rate)
 
-    def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
+    def _generate(self, tracked: Tracked, now: float, tokens: int, sid: str) -> None:
         tracked.phase, tracked.since = Phase.GENERATING, now
+        self.replicas[tracked.replica].busy.add(sid)
         self._count(tracked, tokens)
 
     def _count(self, tracked: Tracked, tokens: int) -> None:
@@ -465,7 +483,7 @@ class WorkingSet:
                 work.resumes += 1
             work.held.remove(sid)
             work.out.discard(sid)
-            self._generate(tracked, now, need)
+            self._generate(tracked, now, need, sid)
             out.append(sid)
         return out
 
