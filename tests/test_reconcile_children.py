@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from poolcases import load_example
 from rolloutpool.api.spec import RolloutPoolSpec
-from rolloutpool.cli.router import router_command
+from rolloutpool.cli.router import _turns, router_command
 from rolloutpool.reconcile.children import (
     ADMIN_TOKEN_PATH,
     STATE_PATH,
@@ -474,5 +474,14 @@ def test_numbers_reach_the_command_line_unrounded(
     assert float(values["target"]) == target
     assert float(values["keep-quantile"]) == quantile
     assert float(values["prefill-rate"]) == rate
+    assert router_command.make_context("router", list(args)).params["prefill_rate"] == rate
     engine_args = container(engine_pod(pool=pool, spec=spec, index=0, default_image=IMAGE))["args"]
     assert float(dict(a.removeprefix("--").split("=", 1) for a in engine_args if "=" in a)["time-scale"]) == time_scale
+
+
+def test_the_routers_turn_settings_follow_the_engines_time_scale() -> None:
+    # time-scaled engine-sims: their seconds pass 4x faster, so they prefill 4x the tokens per wall second
+    turns = _turns(target=0.9, keep_quantile=0.9, prefill_rate=40_000.0, hold_limit=300.0, scale=4.0)
+    assert (turns.prefill_tokens_per_s, turns.hold_limit_s, turns.keep_s) == (160_000.0, 75.0, 5.0)
+    off = _turns(target=0.9, keep_quantile=0.9, prefill_rate=0.0, hold_limit=300.0, scale=4.0)
+    assert off.prefill_tokens_per_s is None  # 0: the lease alone

@@ -13,10 +13,11 @@ replica's KV capacity. Decisions are taken at the tool boundary, per turn:
   generating is never interrupted;
 - **let go**: room is made by letting go of idle sessions' prefixes, the session idle longest first
   (with a heavy-tailed tool time, the one that has waited longest has the longest expected wait
-  left, and vLLM's LRU evicts in that order), but only after ``keep_s`` idle (most tool calls return
-  sooner) and only when a held turn or a new session needs the room: keeping costs nothing while
-  nobody waits. A session let go keeps its blocks until the engine's LRU needs them; when it comes
-  back before that, its turn finds them cached.
+  left, and vLLM's LRU evicts in that order), but only after its lease (most tool calls return
+  sooner: a quantile of its predicted tool time, capped by its break-even, the time its re-prefill
+  would stall the replica's generating turns) and only when a held turn or a new session needs the
+  room: keeping costs nothing while nobody waits. A session let go keeps its blocks until the
+  engine's LRU needs them; when it comes back before that, its turn finds them cached.
 - **move**: a turn that would be held, of a session whose prefix is not resident on its replica any
   more (it re-prefills wherever it goes), moves once to another replica whose working set has room
   for it now, instead of waiting; a session moves at most once (its next turns find their prefix there);
