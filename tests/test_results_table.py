@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutpool.dev.bench.results_table import bench_table, replace_block, sim_table
+from rolloutpool.dev.bench.results_table import bench_table, misses, replace_block, sim_table
 
 
 def _row(variant: str, ratio: float, *, load: float = 3.0, seed: int = 0, evicted: float = 0.4) -> dict[str, object]:
@@ -12,19 +12,45 @@ def _row(variant: str, ratio: float, *, load: float = 3.0, seed: int = 0, evicte
             "baseline_evicted_share": evicted}  # fmt: skip
 
 
-def test_the_sim_table_names_the_best_peer_and_our_ratio_to_it_and_the_other_scales() -> None:
-    rows = [_row("sticky-least-loaded", 1.0), _row("rolloutpool", 1.2), _row("adaptive", 1.1),
-            _row("thunderagent", 1.1), _row("continuum", 1.05), _row("no-eviction", 1.3),
-            _row("sticky-least-loaded", 1.0, seed=1), _row("rolloutpool", 1.4, seed=1)]  # fmt: skip
-    table = sim_table({1.0: rows, 0.5: [_row("rolloutpool", 1.05)], 2.0: [_row("rolloutpool", 1.5)]})
-    head, rule, line = table.splitlines()
-    assert head.split(" | ")[-2:] == ["ours, prefill x0.5", "ours, prefill x2 |"]
+def test_the_sim_table_names_the_best_peer_and_our_ratio_to_it_per_prefill_scale() -> None:
+    rows = [
+        _row("sticky-least-loaded", 1.0),
+        _row("rolloutpool", 1.2),
+        _row("adaptive", 1.1),
+        _row("thunderagent", 1.1),
+        _row("continuum", 1.05),
+        _row("no-eviction", 1.3),
+        _row("clairvoyant", 1.32),
+        _row("sticky-least-loaded", 1.0, seed=1),
+        _row("rolloutpool", 1.4, seed=1),
+    ]
+    halved = [_row("sticky-least-loaded", 1.0), _row("rolloutpool", 0.998), _row("thunderagent", 1.0)]
+    table = sim_table({0.5: halved, 1.0: rows})  # fmt: skip
+    lines = table.splitlines()
+    head, rule, line = lines[2:5]
+    assert lines[0] == "#### Prefill cost x1"  # x1 first
+    assert head.split(" | ")[-4:] == ["ours / best peer", "clairvoyant", "no-eviction bound", "ours misses |"]
     cells = [c.strip() for c in line.strip("|").split("|")]
     # scenario, load, seeds, evicted, ours (mean of the seeds), ours + operator, continuum, thunderagent, best ...
     assert cells[:6] == ["agentic-grpo", "3x", "2", "40", "1.300", "1.100"]
     assert cells[6:9] == ["1.050", "1.100", "thunderagent"]
-    assert cells[9:] == [f"{1.3 / 1.1:.3f}", "1.300", "1.050", "1.500"]
+    assert cells[9:] == [f"{1.3 / 1.1:.3f}", "1.320", "1.300", "-"]  # 1.3x met
     assert rule.startswith("|---|--:|")
+    x05 = table[table.index("#### Prefill cost x0.5") :].splitlines()
+    cells = [c.strip() for c in x05[4].strip("|").split("|")]
+    assert cells[4] == "0.998"
+    assert cells[-1] == ">= sLL, >= 1.3x"  # no clairvoyant column where none ran; 0.998 of the best peer passes
+
+
+def test_misses_names_each_criterion_our_router_fails() -> None:
+    ok = {"evicted": 0.5, "best_peer": 1.3, "clairvoyant": 1.33, "bound": 1.6}
+    assert misses(ours=1.3, **ok) == []
+    assert misses(ours=1.25, **ok) == [">= 0.99 peer", ">= 1.3x", "~ clairvoyant"]
+    assert misses(ours=1.25, evicted=0.5, best_peer=None, clairvoyant=None, bound=1.28) == []  # within 3 % of it
+    assert misses(ours=1.23, evicted=0.5, best_peer=None, clairvoyant=None, bound=1.28) == [">= 1.3x"]
+    assert misses(ours=0.999, evicted=0.05, best_peer=None, clairvoyant=None, bound=1.0) == [">= sLL"]  # little evicted
+    assert misses(ours=0.9996, evicted=0.05, best_peer=None, clairvoyant=None, bound=1.0) == []  # 1.000 as printed
+    assert misses(ours=None, evicted=0.5, best_peer=1.0, clairvoyant=None, bound=None) == []
 
 
 def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:
