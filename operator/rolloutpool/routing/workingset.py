@@ -34,6 +34,7 @@ drives it, for the router and the simulator alike.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -144,8 +145,8 @@ class ReplicaWork:
     """Sessions whose turn waits, in arrival order."""
     out: set[str] = field(default_factory=set)
     """Sessions whose prefix is let go (waiting on a tool, or held)."""
-    busy: set[str] = field(default_factory=set)
-    """Sessions generating a turn (the decode batch a re-prefill stalls)."""
+    members: int = 0
+    """Live sessions placed on it (in any phase)."""
     groups: dict[str, list[int]] = field(default_factory=dict)
     """Group -> [members counted, shared tokens]: the shared prompt is in the working set once, not per member."""
     holds: int = 0
@@ -158,6 +159,11 @@ class ReplicaWork:
     """Held turns served at ``hold_limit_s`` over the target (cumulative)."""
     moves: int = 0
     """Sessions that moved here instead of waiting on their replica (cumulative)."""
+
+    @property
+    def generating(self) -> int:
+        """Sessions generating a turn: the decode batch a re-prefill stalls."""
+        return self.members - len(self.idle) - len(self.out)
 
     @property
     def kept(self) -> int:
@@ -229,7 +235,7 @@ class WorkingSet:
         context = int(first_context) if first_context else int(self.first_context)
         tracked = Tracked(replica, 0, Phase.GENERATING, now, group=group, shared=shared)
         self.sessions[sid] = tracked
-        self.replicas[replica].busy.add(sid)
+        self.replicas[replica].members += 1
         self._count(tracked, context)
 
     def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
@@ -237,6 +243,7 @@ class WorkingSet:
         self.released(sid)
         tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s)
         self.sessions[sid] = tracked
+        self.replicas[replica].members += 1
         self._count(tracked, context)
         self.replicas[replica].idle[sid] = None
 
@@ -250,9 +257,9 @@ class WorkingSet:
         if work is None:
             return
         self._count(tracked, 0)
+        work.members -= 1
         work.idle.pop(sid, None)
         work.out.discard(sid)
-        work.busy.discard(sid)
         if tracked.phase is Phase.HELD:
             work.held.remove(sid)
 
@@ -291,7 +298,7 @@ class WorkingSet:
         tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:
             work.idle.pop(sid, None)
-            self._generate(tracked, now, tracked.counted + int(self.growth), sid)
+            self._generate(tracked, now, tracked.counted + int(self.growth))
             self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
             return True
         need = self.need(sid)
@@ -299,7 +306,7 @@ class WorkingSet:
         unknown = work.capacity is None  # an engine that reports no KV capacity: nothing to schedule by
         if cached or unknown or (not work.held and self.make_room(work.name, need, now=now)):
             work.out.discard(sid)
-            self._generate(tracked, now, need, sid)
+            self._generate(tracked, now, need)
             if cached:
                 self.make_room(work.name, 0, now=now)
             return True
@@ -340,13 +347,14 @@ class WorkingSet:
         self._count(tracked, 0)
         old.idle.pop(sid, None)
         old.out.discard(sid)
-        old.busy.discard(sid)
+        old.members -= 1
         tracked.replica, tracked.moved, tracked.lapsed = replica, True, True
         work = self.replicas[replica]
         work.moves += 1
+        work.members += 1
         need = self.need(sid)
         self.make_room(replica, need, now=now)
-        self._generate(tracked, now, need, sid)
+        self._generate(tracked, now, need)
 
     def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
         """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
@@ -369,25 +377,24 @@ class WorkingSet:
             tracked.context += int(self.growth)
         tracked.phase, tracked.since = Phase.IDLE, now
         work = self.replicas[tracked.replica]
-        work.busy.discard(sid)
-        tracked.until = now + self._lease(sid, tracked.context, len(work.busy))
-        self._count(tracked, tracked.context)
         work.idle[sid] = None
+        tracked.until = now + min(self._lease(sid), self._break_even(tracked.context, work.generating))
+        self._count(tracked, tracked.context)
 
-    def _lease(self, sid: str, context: int, batch: int) -> float:
-        """How long an idle prefix is kept: the quantile of its predicted tool time, but no longer than its
-        break-even, while re-prefilling it later would stall the ``batch`` generating beside it for less time than
-        its tokens held idle cost the sessions that wait for them."""
+    def _lease(self, sid: str) -> float:
         quantile = self.config.keep_quantile
-        lease = self.config.keep_s if quantile is None else self.tool.lease(sid, quantile=quantile)
-        rate = self.config.prefill_tokens_per_s
-        if rate is None:
-            return lease
-        return min(lease, max(1, batch) * context / rate)
+        return self.config.keep_s if quantile is None else self.tool.lease(sid, quantile=quantile)
 
-    def _generate(self, tracked: Tracked, now: float, tokens: int, sid: str) -> None:
+    def _break_even(self, context: int, batch: int) -> float:
+        """How long keeping ``context`` idle tokens pays: re-prefilling them later stalls the ``batch`` turns
+        generating beside it for ``context / rate`` seconds each, while holding them keeps about one session of that
+        size waiting for as long as they are held; past ``batch x context / rate`` seconds, keeping costs more
+        (at least one turn's stall when none generates). Infinite without a prefill rate."""
+        rate = self.config.prefill_tokens_per_s
+        return math.inf if rate is None else max(1, batch) * context / rate
+
+    def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
         tracked.phase, tracked.since = Phase.GENERATING, now
-        self.replicas[tracked.replica].busy.add(sid)
         self._count(tracked, tokens)
 
     def _count(self, tracked: Tracked, tokens: int) -> None:
@@ -484,7 +491,7 @@ class WorkingSet:
                 work.resumes += 1
             work.held.remove(sid)
             work.out.discard(sid)
-            self._generate(tracked, now, need, sid)
+            self._generate(tracked, now, need)
             out.append(sid)
         return out
 

@@ -37,7 +37,9 @@ class ProgramScheduler(WorkingSet):
     def __init__(self) -> None:
         # our working set's bookkeeping with its own decisions off: no hold limit, no lease, no learned growth prior
         super().__init__(
-            WorkingSetConfig(target=1.0, limit=1.0, keep_quantile=None, hold_limit_s=1e12, move=False)
+            WorkingSetConfig(
+                target=1.0, limit=1.0, keep_quantile=None, prefill_tokens_per_s=None, hold_limit_s=1e12, move=False
+            )
         )  # a peer moves sessions by its own rules (destination), never by ours
         self._moves: dict[str, str] = {}
         self._ticked: dict[str, float] = {}
