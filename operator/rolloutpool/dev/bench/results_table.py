@@ -107,7 +107,8 @@ def _scale_table(main: dict[Key, dict[str, list[Mapping[str, Any]]]]) -> str:
     head += ["ours + operator", *peer_names, "best peer", "ours / best peer"]
     head += ["clairvoyant"] if clairvoyant else []
     head += ["no-eviction bound", "ours misses"]
-    lines = ["| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * (len(head) - 4) + "---|---|"]
+    rule = ["---" if name in ("scenario", "best peer", "ours misses") else "--:" for name in head]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
     for (scenario, load), point in sorted(main.items()):
         base = point.get(BASELINE, [])
         evicted = _mean(base, "baseline_evicted_share")
