@@ -182,8 +182,11 @@ async def _run(name: str, url: str, shape: ClientShape, *, metrics_url: str | No
     )
 
 
-def run_pair(log_dir: Path, shape: ClientShape, *, blocks: int, vllm_router: str) -> list[RunReport]:
-    """Sticky least-loaded, then ours, each on a fresh vLLM; their reports."""
+def run_pair(
+    log_dir: Path, shape: ClientShape, *, blocks: int, vllm_router: str, prefill_rates: Sequence[float | None] = (None,)
+) -> list[RunReport]:
+    """Sticky least-loaded, then ours once per ``prefill_rates`` entry (its ``--prefill-rate``; None: the router's
+    default), each on a fresh vLLM; their reports."""
     reports = []
     with _vllm(log_dir, blocks=blocks, name="sticky") as (url, _, _), ProcessSet(log_dir / "sticky") as procs:
         port = free_port()
@@ -195,16 +198,20 @@ def run_pair(log_dir: Path, shape: ClientShape, *, blocks: int, vllm_router: str
         procs.start("vllm-router", argv, ready_url=f"http://{LOOPBACK}:{port}/health", timeout_s=120)
         reports.append(asyncio.run(_run("vllm-router sticky_least_loaded", f"http://{LOOPBACK}:{port}", shape,
                                         metrics_url=None)))  # fmt: skip
-    with _vllm(log_dir, blocks=blocks, name="ours") as (url, pub, replay), ProcessSet(log_dir / "ours") as procs:
-        port = free_port()
-        argv = rolloutpool_argv(
-            "router", "--host", LOOPBACK, "--port", str(port), "--replica", f"e0={url}",
-            "--kv-events", f"e0=tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}",
-            "--scrape-interval", "0.5", "--queue-timeout", "600",
-        )  # fmt: skip
-        procs.start("router", argv, ready_url=f"http://{LOOPBACK}:{port}/readyz", timeout_s=120)
-        reports.append(asyncio.run(_run("rolloutpool", f"http://{LOOPBACK}:{port}", shape,
-                                        metrics_url=f"http://{LOOPBACK}:{port}/metrics")))  # fmt: skip
+    for i, rate in enumerate(prefill_rates):
+        name = "rolloutpool" if rate is None else f"rolloutpool --prefill-rate {rate:g}"
+        with _vllm(log_dir, blocks=blocks, name=f"ours-{i}") as (url, pub, replay), \
+                ProcessSet(log_dir / f"ours-{i}") as procs:  # fmt: skip
+            port = free_port()
+            argv = rolloutpool_argv(
+                "router", "--host", LOOPBACK, "--port", str(port), "--replica", f"e0={url}",
+                "--kv-events", f"e0=tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}",
+                "--scrape-interval", "0.5", "--queue-timeout", "600",
+                *(() if rate is None else ("--prefill-rate", f"{rate:g}")),
+            )  # fmt: skip
+            procs.start("router", argv, ready_url=f"http://{LOOPBACK}:{port}/readyz", timeout_s=120)
+            reports.append(asyncio.run(_run(name, f"http://{LOOPBACK}:{port}", shape,
+                                            metrics_url=f"http://{LOOPBACK}:{port}/metrics")))  # fmt: skip
     return reports
 
 
@@ -215,6 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=ClientShape.turns)
     parser.add_argument("--blocks", type=int, default=48, help="vLLM's KV pool in blocks of 32 tokens")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prefill-rate",
+        type=float,
+        action="append",
+        default=None,
+        help="run ours with this --prefill-rate (repeatable; 0: the lease alone); default: the router's default",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--log-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -222,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = ClientShape(sessions=args.sessions, turns=args.turns, seed=args.seed)
     with TemporaryDirectory(prefix="vllm-turns-") as tmp:
         log_dir = args.log_dir or Path(tmp)
-        reports = run_pair(log_dir, shape, blocks=args.blocks, vllm_router=binary)
+        rates: list[float | None] = list(args.prefill_rate) if args.prefill_rate else [None]
+        reports = run_pair(log_dir, shape, blocks=args.blocks, vllm_router=binary, prefill_rates=rates)
     print(f"{shape.sessions} sessions x {shape.turns} turns, vLLM KV pool {args.blocks} blocks of {BLOCK}")
     print("| router | turns | returning | re-prefilled tokens | generated | wall s | held | let go | moved | failed |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
