@@ -132,12 +132,17 @@ def test_the_simulator_the_bench_and_the_operator_take_one_rate_window() -> None
 
 
 def test_the_law_raises_the_target_while_turns_wait_and_cuts_it_on_kept_prefixes_lost() -> None:
-    law = AdaptiveLaw(spec=_spec(), names=["r0", "r1"])  # type: ignore[arg-type]
-    law.start(now=0.0)
     engines = {"r0": _engine(usage=0.5), "r1": _engine(usage=0.5)}
     waiting = RouterScrape(
         live_sessions={"r0": 10, "r1": 10}, reprefilled_tokens_total={}, queue_depth=0, held_turns={"r0": 2, "r1": 0}
     )
+    default = AdaptiveLaw(spec=_spec(), names=["r0", "r1"])  # type: ignore[arg-type]
+    default.start(now=0.0)
+    assert default.step(now=15.0, engines=engines, router=waiting)["r0"].target == 0.9  # maxTarget unset: the pool's
+    spec = _spec()
+    spec = spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"max_target": 1.0})})  # type: ignore[attr-defined]
+    law = AdaptiveLaw(spec=spec, names=["r0", "r1"])  # type: ignore[arg-type]
+    law.start(now=0.0)
     controls = law.step(now=15.0, engines=engines, router=waiting)
     assert controls["r0"].target == 0.92  # turns held, nothing presses: raised from the initial target
     assert controls["r1"].target == 0.9  # nothing waits there: held

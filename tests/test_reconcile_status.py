@@ -119,7 +119,12 @@ def test_replica_caps_and_law_params() -> None:
     assert caps.floor == 400_000 // 32768
     params = law_params(spec=spec)
     assert params.initial == spec.concurrency.working_set_target
-    assert (params.minimum, params.maximum) == (spec.autoscaling.min_target, spec.autoscaling.max_target)
+    assert spec.autoscaling.max_target is None  # unset: the law never raises past the pool's own target
+    assert (params.minimum, params.maximum) == (spec.autoscaling.min_target, spec.concurrency.working_set_target)
+    raised = spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"max_target": 0.95})})
+    assert (law_params(spec=raised).initial, law_params(spec=raised).maximum) == (0.9, 0.95)
+    lowered = spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"max_target": 0.8})})
+    assert (law_params(spec=lowered).initial, law_params(spec=lowered).maximum) == (0.8, 0.8)
     assert params.cooldown_seconds == spec.autoscaling.cooldown_seconds
     assert params.step == spec.autoscaling.target_step
 

@@ -93,6 +93,9 @@ def test_fixed_cap_and_turns_variants() -> None:
     policy, changes = variant("turns:target=0.95:keep_quantile=0.8")
     assert policy == "rolloutpool"
     assert (changes["working_set"].target, changes["working_set"].keep_quantile) == (0.95, 0.8)
+    policy, changes = variant("law:maximum=0.9:preemptions_per_s=0.1")  # the operator's law with other knobs
+    assert policy == "rolloutpool-adaptive"
+    assert (changes["law"].maximum, changes["law"].preemptions_per_s) == (0.9, 0.1)
     base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
     ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["fixed-cap:12"])
     assert label == "fixed-cap:12"
@@ -107,6 +110,8 @@ def test_fixed_cap_and_turns_variants() -> None:
         ("fixed-cap:a", "fixed-cap:a"),
         ("turns:target=2.5", "target"),
         ("turns:nope=1", "nope"),
+        ("law:maximum=3", "maximum"),
+        ("law:nope=1", "nope"),
     ],
 )
 def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:

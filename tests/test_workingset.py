@@ -259,16 +259,16 @@ def test_a_prefix_is_kept_no_longer_than_its_re_prefill_would_stall_the_batch() 
         ws.bound(f"g{i}", "r", now=0.0, first_context=4000)
     ws.turn_finished("g0", context=4000, now=1.0)  # 7 others generate beside it
     g0 = ws.sessions["g0"]
-    assert g0.until - g0.since == pytest.approx(7 * 4000 / 40_000)
+    assert g0.until - g0.since == pytest.approx(7 * 4000 / 40_000 * (1 + 4000 / 45_000))  # attention's share
     for i in range(1, 8):
         ws.turn_finished(f"g{i}", context=4000, now=1.0)
     g7 = ws.sessions["g7"]
-    assert g7.until - g7.since == pytest.approx(4000 / 40_000)  # alone: one turn's stall, not none
+    assert g7.until - g7.since == pytest.approx(4000 / 40_000 * (1 + 4000 / 45_000))  # alone: one turn's stall
     big = WorkingSet(replace(CONFIG, keep_s=30.0, keep_quantile=0.9, prefill_tokens_per_s=40_000.0))
     big.add_replica("r", capacity=10_000_000)
     for i in range(8):
         big.bound(f"g{i}", "r", now=0.0, first_context=400_000)
-    big.turn_finished("g0", context=400_000, now=1.0)  # 7 x 10 s: past the lease, which bounds it
+    big.turn_finished("g0", context=400_000, now=1.0)  # 7 x 10 s x 9.9 (attention): past the lease, which bounds it
     b0 = big.sessions["g0"]
     assert b0.until - b0.since == pytest.approx(big.tool.lease("g0", quantile=0.9))
     assert 30.0 < b0.until - b0.since < 70.0

@@ -137,7 +137,8 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
 @click.option(
     "--variant", "variants", multiple=True,
     help="Default: all named ones (sticky-least-loaded is always run). Also fixed-cap:N (a fixed session cap, no "
-    "turn scheduling), turns:KEY=VALUE:... (the turn scheduler with other targets, e.g. turns:target=0.95) and the "
+    "turn scheduling), turns:KEY=VALUE:... (the turn scheduler with other targets, e.g. turns:target=0.95), "
+    "law:KEY=VALUE:... (under the operator's law with other knobs, e.g. law:maximum=1.0) and the "
     "peers' schedulers thunderagent, progress-ttl, continuum, continuum-fixed (docs/peers.md), and any other "
     "simulate --policy (consistent-hash, clairvoyant, ...).",
 )  # fmt: skip

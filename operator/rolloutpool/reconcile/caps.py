@@ -136,11 +136,12 @@ def parse_spec(*, pool: Mapping[str, Any]) -> tuple[RolloutPoolSpec | None, str 
 def law_params(*, spec: RolloutPoolSpec) -> LawParams:
     """The control law's knobs, from ``spec.concurrency`` and ``spec.autoscaling`` (pure)."""
     autoscaling = spec.autoscaling
-    initial = min(autoscaling.max_target, max(autoscaling.min_target, spec.concurrency.working_set_target))
+    target = max(autoscaling.min_target, spec.concurrency.working_set_target)
+    maximum = target if autoscaling.max_target is None else autoscaling.max_target
     return LawParams(
-        initial=initial,
+        initial=min(maximum, target),
         minimum=autoscaling.min_target,
-        maximum=autoscaling.max_target,
+        maximum=maximum,
         step=autoscaling.target_step,
         decrease_factor=autoscaling.decrease_factor,
         cooldown_seconds=float(autoscaling.cooldown_seconds),

@@ -63,6 +63,10 @@ class WorkingSetConfig:
     prefill_tokens_per_s: float | None = 40_000.0
     """The engines' prefill rate (tokens per second of the engines' clock): an idle prefix is kept no longer than
     its break-even, the time its re-prefill would stall the replica's decode batch (None: the lease alone)."""
+    prefill_attention_tokens: float = 45_000.0
+    """The context at which a prefill's attention costs as much as the rest of it (quadratic past it): an 8B model on
+    an H100 at about 45,000 tokens (docs/cost-model.md), so re-prefilling 128K tokens costs nearly 4x their count
+    at ``prefill_tokens_per_s``."""
     hold_limit_s: float = 300.0
     """A held turn is served after this long whatever the room (bounded wait)."""
     fair_after_s: float = 10.0
@@ -85,6 +89,10 @@ class WorkingSetConfig:
         for name in ("keep_s", "hold_limit_s", "fair_after_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
+            raise ValueError("prefill_tokens_per_s must be > 0 (None: no break-even)")
+        if self.prefill_attention_tokens <= 0:
+            raise ValueError("prefill_attention_tokens must be > 0")
         if self.keep_quantile is not None and not 0 < self.keep_quantile < 1:
             raise ValueError(f"keep_quantile must be in (0, 1), got {self.keep_quantile}")
         if not 0 < self.smoothing <= 1:
@@ -388,10 +396,13 @@ class WorkingSet:
     def _break_even(self, context: int, batch: int) -> float:
         """How long keeping ``context`` idle tokens pays: re-prefilling them later stalls the ``batch`` turns
         generating beside it for ``context / rate`` seconds each, while holding them keeps about one session of that
-        size waiting for as long as they are held; past ``batch x context / rate`` seconds, keeping costs more
-        (at least one turn's stall when none generates). Infinite without a prefill rate."""
+        size waiting for as long as they are held; past ``batch x context / rate`` seconds (with attention's
+        quadratic share), keeping costs more (at least one turn's stall when none generates). Infinite without a
+        prefill rate."""
         rate = self.config.prefill_tokens_per_s
-        return math.inf if rate is None else max(1, batch) * context / rate
+        if rate is None:
+            return math.inf
+        return max(1, batch) * context / rate * (1 + context / self.config.prefill_attention_tokens)
 
     def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
         tracked.phase, tracked.since = Phase.GENERATING, now

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from rolloutpool.autoscale.law import LawParams
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
 from rolloutpool.routing.policies import POLICIES
 from rolloutpool.routing.workingset import WorkingSetConfig
@@ -63,16 +64,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     NO_EVICTION: (BASELINE, {}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
-Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, the peers' names (``thunderagent``, ``progress-ttl``, ``continuum``,
-``continuum-fixed``: :mod:`rolloutpool.sim.peers`) and the other placement policies (``consistent-hash``,
-``clairvoyant``, ...) (:func:`variant`)."""
+Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, ``law:KEY=VALUE:...``, the peers' names (``thunderagent``,
+``progress-ttl``, ``continuum``, ``continuum-fixed``: :mod:`rolloutpool.sim.peers`) and the other placement policies
+(``consistent-hash``, ``clairvoyant``, ...) (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
     """The policy and FleetConfig changes of a variant label (pure); ValueError names what is wrong.
 
     ``fixed-cap:N``: our router with a fixed cap of N live sessions per replica and no turn scheduling;
-    ``turns:KEY=VALUE:...``: our router with these :class:`~rolloutpool.routing.workingset.WorkingSetConfig` fields.
+    ``turns:KEY=VALUE:...``: our router with these :class:`~rolloutpool.routing.workingset.WorkingSetConfig` fields;
+    ``law:KEY=VALUE:...``: our router under the operator's law with these :class:`~rolloutpool.autoscale.law.LawParams`.
     """
     if label in VARIANTS:
         return VARIANTS[label]
@@ -85,8 +87,10 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
             if cap < 1:
                 raise ValueError
             return "rolloutpool", {"fixed_cap": cap}
-        if name == "turns":
+        if name in ("turns", "law"):
             values: dict[str, Any] = {k: float(v) for k, v in (part.split("=", 1) for part in rest.split(":") if part)}
+            if name == "law":
+                return ADAPTIVE, {"law": LawParams(**values)}
             return "rolloutpool", {"working_set": WorkingSetConfig(**values)}
     except (ValueError, TypeError) as exc:
         raise ValueError(f"variant {label!r}: {str(exc) or 'N must be a positive whole number'}") from None
