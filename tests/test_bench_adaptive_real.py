@@ -93,6 +93,8 @@ def test_the_law_raises_targets_that_the_router_then_holds(tmp_path: Path) -> No
             kv_capacity_tokens=KV_TOKENS,
             time_scale=TIME_SCALE,
         )
+        # a pool that lets the law raise targets past its own (by default it only gives back what it cut)
+        spec = spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"max_target": 1.0})})
         loop = LawLoop.for_router(spec, urls, router_url=router_url, admin_token=token)
         targets, held, initial = asyncio.run(_drive(loop, router_url, token))
         pids = procs.pids
