@@ -79,7 +79,7 @@ ROUTER = "rolloutpool_router_"
 SA = "system:serviceaccount:rolloutpool-system:rolloutpool-operator"
 TARGET = 0.6
 """The pool's ``workingSetTarget``: 0.6 x 32,768 KV tokens per replica, which the load's 12 tool-chat rollouts per
-replica outgrow, so the routers hold turns and let prefixes go (the law may raise it while turns wait)."""
+replica outgrow, so the routers hold turns and let prefixes go (the law may cut it, and raises it back no further)."""
 KV_CAPACITY = 32768
 
 
@@ -318,7 +318,7 @@ def test_load_fills_the_working_sets_and_everything_clears_when_sessions_end(
     assert at_full["status"]["heldTurns"] == sum(r.get("heldTurns", 0) for r in at_full["status"]["replicaStatus"])
     # with metrics available the law published a target for every replica, inside minTarget..maxTarget
     assert targets, "no status with MetricsAvailable=True under load"
-    assert all(t is not None and 0.5 <= t <= 1.0 for t in targets), targets
+    assert all(t is not None and 0.5 <= t <= TARGET for t in targets), targets  # maxTarget unset: the pool's
     assert "Held Turns" in describe_full, describe_full
     # everything clears when the sessions end: no held turn, no lease, no quarantine
     assert not quarantined_by(released), released["status"]
