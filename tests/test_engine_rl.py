@@ -182,7 +182,9 @@ async def test_pause_abort_ends_requests_in_flight_and_holds_new_ones_until_resu
 
 
 async def test_pause_wait_lets_requests_in_flight_finish() -> None:
-    async with engine(time_scale=50.0) as e:
+    # time scale 5: the request runs ~0.4 s of wall time, long enough for the poll below to see it in flight on a
+    # loaded machine (at 50 it could finish between two polls, and the test waited for a request already gone)
+    async with engine(time_scale=5.0) as e:
         running = asyncio.create_task(e.generate(PROMPT, max_tokens=300))
         await wait_until_async(lambda: e.control.runner.in_flight == 1)
         status, paused = await e.post("/pause?mode=wait&clear_cache=false")
