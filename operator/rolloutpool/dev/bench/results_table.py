@@ -83,17 +83,20 @@ def _by_seed(rows: list[Mapping[str, Any]], key: str) -> dict[int, float]:
 
 
 def _point_misses(point: Mapping[str, list[Mapping[str, Any]]], peer_names: Sequence[str]) -> list[str]:
-    """The criteria ours misses at any seed of the point, each seed judged against that seed's peers and bounds."""
+    """The criteria ours misses at any seed of the point, each seed judged against that seed's peers, clairvoyant run
+    and bound; a seed whose bound did not run is judged against the mean bound of the seeds that did (peers and the
+    clairvoyant reference are only compared on the seeds they ran)."""
     ours = _by_seed(point.get(OURS, []), "vs_baseline")
     evicted = _by_seed(point.get(BASELINE, []), "baseline_evicted_share")
     peers = {name: _by_seed(point.get(name, []), "vs_baseline") for name in peer_names}
     oracle = _by_seed(point.get(CLAIRVOYANT, []), "vs_baseline")
     bound = _by_seed(point.get(BOUND, []), "vs_baseline")
+    mean_bound = sum(bound.values()) / len(bound) if bound else None
     found: dict[str, None] = {}
     for seed, value in sorted(ours.items()):
         best = max((p[seed] for p in peers.values() if seed in p), default=None)
         for miss in misses(ours=value, evicted=evicted.get(seed), best_peer=best, clairvoyant=oracle.get(seed),
-                           bound=bound.get(seed)):  # fmt: skip
+                           bound=bound.get(seed, mean_bound)):  # fmt: skip
             found[miss] = None
     return list(found)
 
