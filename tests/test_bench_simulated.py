@@ -35,7 +35,8 @@ def test_the_simulated_fleet_is_the_bench_fleet() -> None:
 def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> None:
     config = _config(time_scale=4.0, duration_s=20.0, load=1.0)
     runs, missing = simulate_bench(config, ["rolloutpool", "vllm-program", "vllm-cache-aware"])
-    assert [r.router for r in runs] == ["vllm-sticky-least-loaded", "rolloutpool"]
+    assert [r.router for r in runs] == ["vllm-sticky-least-loaded", "rolloutpool", "no-eviction bound"]
+    assert (runs[-1].evicted_share, runs[-1].policy) == (0.0, "sticky-least-loaded")  # every session stays resident
     assert missing == ["vllm-program", "vllm-cache-aware"]
     baseline = simulate_policy(fleet_config(config), "sticky-least-loaded")  # deterministic: the same run again
     assert (runs[0].tokens_per_s, runs[0].completed, runs[0].vs_baseline) == (

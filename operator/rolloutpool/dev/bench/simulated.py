@@ -7,7 +7,8 @@ of them is wrong. This runs :func:`rolloutpool.sim.fleet.simulate_policy` on a
 (replicas, KV blocks, in-flight count, simulated window = wall window x time scale, seed,
 the router's scrape interval in simulated seconds, every trajectory started at
 once as the bench's client starts them), for every router that has a simulated policy, sticky
-least-loaded always among them as the baseline. vllm-router's program scheduling, cache-aware and
+least-loaded always among them as the baseline, and the no-eviction bound last (sticky least-loaded
+on a KV pool that holds every session in flight). vllm-router's program scheduling, cache-aware and
 power-of-two have no model in the simulator; nor does ``--engine-seed`` (the engine-sims' generated
 ids and fault draws, which the simulator does not model). "Evicted %" is every re-prefill over the
 prefilled tokens, as the bench's client counts it (the shortfall of ``cached_tokens`` against the
@@ -22,12 +23,16 @@ from dataclasses import dataclass
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
 from rolloutpool.dev.bench.peers import ADAPTIVE, OURS, PEER_ROUTERS
 from rolloutpool.dev.bench.runner import BenchConfig
+from rolloutpool.sim.compare import every_session_resident
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy
 
 __all__ = ["SIMULATED_POLICIES", "SimulatedRun", "fleet_config", "simulate_bench", "simulated_table"]
 
 BASELINE = "vllm-sticky-least-loaded"
+BOUND = "no-eviction bound"
+"""Sticky least-loaded on a KV pool that holds every session in flight: what no scheduler beats with that placement
+on the same compute (the last row of every simulated table)."""
 SIMULATED_POLICIES: dict[str, str] = {
     OURS: "rolloutpool",
     ADAPTIVE: "rolloutpool-adaptive",
@@ -70,7 +75,8 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
 def simulate_bench(
     config: BenchConfig, routers: Sequence[str], progress: Callable[[str], None] | None = None
 ) -> tuple[list[SimulatedRun], list[str]]:
-    """Each of ``routers`` that has a simulated policy (the baseline first), and the names of those that have none."""
+    """Each of ``routers`` that has a simulated policy (the baseline first, :data:`BOUND` last), and the names of those
+    that have none."""
     fleet = fleet_config(config)
     chosen = [BASELINE, *(r for r in dict.fromkeys(routers) if r in SIMULATED_POLICIES and r != BASELINE)]
     missing = [r for r in dict.fromkeys(routers) if r not in SIMULATED_POLICIES]
@@ -79,17 +85,20 @@ def simulate_bench(
         if progress is not None:
             progress(f"simulating {router} ({fleet.in_flight} in flight, {fleet.duration_s:.0f} simulated s)")
         results.append((router, simulate_policy(fleet, SIMULATED_POLICIES[router])))
+    if progress is not None:
+        progress("simulating the no-eviction bound (sticky least-loaded, every session resident)")
+    bound = simulate_policy(every_session_resident(fleet), SIMULATED_POLICIES[BASELINE])
     base = results[0][1].tokens_per_s
     runs = [
         SimulatedRun(
             router=router,
-            policy=SIMULATED_POLICIES[router],
+            policy=SIMULATED_POLICIES[BASELINE] if router == BOUND else SIMULATED_POLICIES[router],
             tokens_per_s=r.tokens_per_s,
             vs_baseline=r.tokens_per_s / base if base > 0 else 0.0,
             evicted_share=r.reprefilled_tokens / r.prefilled_tokens if r.prefilled_tokens else 0.0,
             completed=r.completed,
         )
-        for router, r in results
+        for router, r in [*results, (BOUND, bound)]
     ]
     return runs, missing
 
