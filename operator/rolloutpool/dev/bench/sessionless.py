@@ -101,6 +101,14 @@ class _Tally:
     errors: int = 0
 
 
+@dataclass
+class _Trail:
+    """A rollout's previous turn: its prompt tokens and the replica that answered it."""
+
+    prompt: int | None = None
+    replica: str | None = None
+
+
 async def _post(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[dict[str, Any], str | None]:
@@ -109,6 +117,28 @@ async def _post(
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {data}")
         return data, response.headers.get("X-RolloutPool-Replica")
+
+
+async def _exchange(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    tally: _Tally,
+    trail: _Trail,
+) -> dict[str, Any] | None:
+    """One turn: its answer (None after an error, counted), with the turn, its lost prefix and any move tallied."""
+    try:
+        data, replica = await _post(http, url, body, headers)
+    except (RuntimeError, aiohttp.ClientError):
+        tally.errors += 1
+        return None
+    _account(tally, data["usage"], trail.prompt)
+    if trail.replica is not None and replica is not None and replica != trail.replica:
+        tally.moved += 1
+    trail.prompt, trail.replica = data["usage"]["prompt_tokens"], replica
+    return data
 
 
 def _account(tally: _Tally, usage: dict[str, Any], previous_prompt: int | None) -> None:
@@ -137,7 +167,7 @@ async def _chat_rollout(
         {"role": "system", "content": "You are a careful agent. Use the tools."},
         {"role": "user", "content": task},
     ]
-    previous_prompt, previous_replica = None, None
+    trail = _Trail()
     for turn in range(cfg.turns):
         await asyncio.sleep(rng.uniform(0.0, 0.05))
         body = {  # a seed per rollout: GRPO samples of one prompt answer differently, as with temperature
@@ -147,15 +177,9 @@ async def _chat_rollout(
             "temperature": 1.0,
             "seed": cfg.seed * 1000 + index,
         }
-        try:
-            data, replica = await _post(http, f"{url}/v1/chat/completions", body, headers)
-        except (RuntimeError, aiohttp.ClientError):
-            tally.errors += 1
+        data = await _exchange(http, f"{url}/v1/chat/completions", body, headers, tally=tally, trail=trail)
+        if data is None:
             return
-        _account(tally, data["usage"], previous_prompt)
-        if previous_replica is not None and replica is not None and replica != previous_replica:
-            tally.moved += 1
-        previous_prompt, previous_replica = data["usage"]["prompt_tokens"], replica
         message = data["choices"][0]["message"]
         messages.append({"role": "assistant", "content": message.get("content") or ""})
         messages.append({"role": "user", "content": _words(f"o{index}_{turn}_", cfg.observation_tokens)})
@@ -168,7 +192,7 @@ async def _token_rollout(
     rng = random.Random(cfg.seed * 1000 + index)  # noqa: S311 -- a reproducible workload, not cryptography
     headers = {} if sid is None else {"X-Session-ID": sid}
     prompt = [rng.randrange(1000, 30000) for _ in range(cfg.prompt_tokens)]
-    previous_prompt, previous_replica = None, None
+    trail = _Trail()
     for _turn in range(cfg.turns):
         await asyncio.sleep(rng.uniform(0.0, 0.05))
         body = {  # AReaL's RemotevLLMEngine: token ids in, ids back through logprobs, no model
@@ -178,15 +202,9 @@ async def _token_rollout(
             "logprobs": 0,
             "return_tokens_as_token_ids": True,
         }
-        try:
-            data, replica = await _post(http, f"{url}/v1/completions", body, headers)
-        except (RuntimeError, aiohttp.ClientError):
-            tally.errors += 1
+        data = await _exchange(http, f"{url}/v1/completions", body, headers, tally=tally, trail=trail)
+        if data is None:
             return
-        _account(tally, data["usage"], previous_prompt)
-        if previous_replica is not None and replica is not None and replica != previous_replica:
-            tally.moved += 1
-        previous_prompt, previous_replica = data["usage"]["prompt_tokens"], replica
         tokens = data["choices"][0]["logprobs"]["tokens"]
         prompt = prompt + [int(t.split(":", 1)[1]) for t in tokens]
         prompt += [rng.randrange(1000, 30000) for _ in range(cfg.observation_tokens)]
