@@ -149,3 +149,12 @@ def test_classify_health_names_the_replicas() -> None:
             enabled=True, reachable=False, signals={}, now=0.0, stale_after_seconds=60.0, error="timed out"
         ).message
     )
+
+
+def test_law_at_a_target_never_raises_past_it_unless_a_maximum_says_so() -> None:
+    unset = LawParams.at_target(0.85)
+    assert (unset.initial, unset.maximum) == (0.85, 0.85)
+    raised = LawParams.at_target(0.85, maximum=1.0, step=0.05)
+    assert (raised.initial, raised.maximum, raised.step) == (0.85, 1.0, 0.05)
+    lowered = LawParams.at_target(0.85, maximum=0.8)  # a ceiling under the target: start at the ceiling
+    assert (lowered.initial, lowered.maximum) == (0.8, 0.8)

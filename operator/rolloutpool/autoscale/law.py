@@ -128,6 +128,13 @@ class LawParams:
         if not 0 < self.decrease_factor < 1 or self.step < 0:
             raise ValueError("decrease_factor must be in (0, 1) and step >= 0")
 
+    @classmethod
+    def at_target(cls, target: float, *, maximum: float | None = None, **knobs: float) -> LawParams:
+        """The law of a pool whose working-set target is ``target``: each replica starts there, and the law never
+        raises it past ``maximum`` (None: the target itself, the default of ``autoscaling.maxTarget``) (pure)."""
+        ceiling = target if maximum is None else maximum
+        return cls(initial=min(ceiling, target), maximum=ceiling, **knobs)
+
 
 @dataclass(frozen=True)
 class MetricsHealth:

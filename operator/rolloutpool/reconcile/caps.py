@@ -136,12 +136,10 @@ def parse_spec(*, pool: Mapping[str, Any]) -> tuple[RolloutPoolSpec | None, str 
 def law_params(*, spec: RolloutPoolSpec) -> LawParams:
     """The control law's knobs, from ``spec.concurrency`` and ``spec.autoscaling`` (pure)."""
     autoscaling = spec.autoscaling
-    target = max(autoscaling.min_target, spec.concurrency.working_set_target)
-    maximum = target if autoscaling.max_target is None else autoscaling.max_target
-    return LawParams(
-        initial=min(maximum, target),
+    return LawParams.at_target(
+        max(autoscaling.min_target, spec.concurrency.working_set_target),
+        maximum=autoscaling.max_target,
         minimum=autoscaling.min_target,
-        maximum=maximum,
         step=autoscaling.target_step,
         decrease_factor=autoscaling.decrease_factor,
         cooldown_seconds=float(autoscaling.cooldown_seconds),

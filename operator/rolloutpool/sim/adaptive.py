@@ -65,7 +65,7 @@ class AdaptiveTargets:
         router's own target, with rates over the operator's window for ``config.control_interval_s``."""
         window = window_seconds(config.control_interval_s)  # the operator's rate window (engine seconds)
         start = config.working_set.target if config.working_set is not None else LawParams().initial
-        params = config.law or LawParams(initial=start, maximum=start, rate_window_seconds=window)  # as the operator
+        params = config.law or LawParams.at_target(start)  # as the operator, with autoscaling.maxTarget unset
         return cls(names=names, params=replace(params, rate_window_seconds=window), capacity_tokens=capacity_tokens)
 
     def _signals(
