@@ -136,3 +136,27 @@ def test_a_due_step_without_a_read_counts_as_unreachable() -> None:
     decision = decide(_observed(pool, pods=pods, recall=Recall(control=ControlMemo())), now=NOW)
     assert decision.control.health is not None
     assert decision.control.health.reason == "PrometheusUnreachable"
+
+
+def test_a_time_scaled_pools_rates_reach_the_law_per_engine_second() -> None:
+    """Prometheus' rates are per wall second; a simulated pool's engines run timeScale times faster, so the law (whose
+    thresholds are per engine second: 0.05 preemptions/s) must see a tenth of them at time scale 10."""
+    decisions = {}
+    for scale in (1.0, 10.0):
+        pool = copy.deepcopy(POOL)
+        pool["spec"]["engine"]["simulator"] = {"timeScale": scale}
+        pool["spec"]["autoscaling"] = {"enabled": True, "prometheusUrl": "http://prom:9090", "intervalSeconds": 15}
+        pods = [_ready(p) for p in decide(_observed(pool), now=NOW).plan.create]  # type: ignore[union-attr]
+        preempting = ReplicaSignals(  # 0.2 preemptions per wall second: 0.02 per engine second at time scale 10
+            kv_usage=0.5, preemptions_per_s=0.2, kv_capacity_tokens=400000, sampled_at=NOW - 1
+        )
+        signals = {f"p-engine-{i}": preempting for i in range(2)}
+        decisions[scale] = decide(replace(_observed(pool, pods=pods), metrics=MetricsRead(signals)), now=NOW)
+    real, scaled = (
+        {r.name: r for r in decisions[s].status.replica_status or []} for s in (1.0, 10.0)
+    )  # fmt: skip
+    assert all(r.target is not None and r.target < 0.9 for r in real.values()), real  # cut on 0.2/s
+    assert all(r.target == 0.9 for r in scaled.values()), scaled  # 0.02/s of engine time: no pressure
+    seen = decisions[10.0].control.signals["p-engine-0"]
+    assert seen is not None
+    assert seen.preemptions_per_s == 0.2 / 10

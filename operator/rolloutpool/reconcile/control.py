@@ -22,8 +22,10 @@ __all__ = [
     "ControlMemo",
     "ControlStep",
     "MetricsRead",
+    "engine_time",
     "metrics_due",
     "remember_read",
+    "spec_time_scale",
     "spec_window_seconds",
     "stale_after_seconds",
     "step_controls",
@@ -81,9 +83,36 @@ def window_seconds(interval: float, *, time_scale: float = 1.0) -> float:
 
 def spec_window_seconds(spec: RolloutPoolSpec) -> float:
     """:func:`window_seconds` of a pool: its ``autoscaling.intervalSeconds`` and its simulated engines' time scale."""
+    return window_seconds(float(spec.autoscaling.interval_seconds), time_scale=spec_time_scale(spec))
+
+
+def engine_time(read: MetricsRead, *, time_scale: float) -> MetricsRead:
+    """A Prometheus read's rates per engine second, the unit of the law's thresholds (pure).
+
+    Prometheus takes ``rate()`` per wall second; a simulated pool's engines run ``time_scale`` times faster than wall
+    time, so its preemptions and re-prefilled tokens per wall second are ``time_scale`` times what its engines see
+    per second of their own clock. Left as they are, the law cut a time-scaled pool's targets on a tenth of its
+    thresholds (the demo, at time scale 10). The bench and the simulator take their rates in engine time already.
+    """
+    if time_scale == 1.0:
+        return read
+    scaled = {
+        name: None
+        if s is None
+        else replace(
+            s,
+            preemptions_per_s=None if s.preemptions_per_s is None else s.preemptions_per_s / time_scale,
+            reprefill_tokens_per_s=None if s.reprefill_tokens_per_s is None else s.reprefill_tokens_per_s / time_scale,
+        )
+        for name, s in read.signals.items()
+    }
+    return MetricsRead(scaled, read.error)
+
+
+def spec_time_scale(spec: RolloutPoolSpec) -> float:
+    """How much faster than wall time a pool's engines run (a simulated pool's ``timeScale``; 1 for real ones)."""
     simulator = spec.engine.simulator
-    time_scale = simulator.time_scale if simulator is not None else 1.0
-    return window_seconds(float(spec.autoscaling.interval_seconds), time_scale=time_scale)
+    return simulator.time_scale if simulator is not None else 1.0
 
 
 def stale_after_seconds(interval: float) -> float:

@@ -30,8 +30,10 @@ from rolloutpool.reconcile.children import desired_engine_pods, needs_update, ro
 from rolloutpool.reconcile.control import (
     ControlMemo,
     MetricsRead,
+    engine_time,
     metrics_due,
     remember_read,
+    spec_time_scale,
     spec_window_seconds,
     step_controls,
 )
@@ -289,7 +291,9 @@ def decide(observed: Observed, *, now: float) -> PassDecision:
     if spec is not None and error is None:
         if metrics_due(spec=spec, replicas=planned.replicas, memo=memo, clock=observed.clock) is not None:
             queued = routers.queued_sessions if routers.known else None
-            got = observed.metrics or MetricsRead(error="metrics were not read")
+            got = engine_time(
+                observed.metrics or MetricsRead(error="metrics were not read"), time_scale=spec_time_scale(spec)
+            )
             memo, read = remember_read(spec=spec, read=got, now=now, clock=observed.clock, queued_sessions=queued), True
         try:
             step = step_controls(
