@@ -56,8 +56,14 @@ def test_misses_names_each_criterion_our_router_fails() -> None:
 
 def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:
     document = {"ratios": [{"scenario": "agentic-grpo", "load": 3.0, "router": "rolloutpool", "tokens_per_s": 1482.4,
-                            "ratio": 1.01, "evicted_pct": 12.3}]}  # fmt: skip
-    assert "| agentic-grpo | 3x | rolloutpool | 1,482 | 1.010 | 12 |" in bench_table([document])
+                            "ratio": 1.01, "evicted_pct": 12.3}],
+                "points": [{"scenario": "agentic-grpo", "load": 3.0, "config": {"context_scale": 0.25}}]}  # fmt: skip
+    unscaled = {"ratios": [{**document["ratios"][0], "tokens_per_s": 2000.0}],
+                "points": [{"scenario": "agentic-grpo", "load": 3.0, "config": {"context_scale": 1.0}}]}  # fmt: skip
+    table = bench_table([document, unscaled, {"ratios": document["ratios"]}])
+    assert "| agentic-grpo | 0.25 | 3x | rolloutpool | 1,482 | 1.010 | 12 |" in table
+    assert "| agentic-grpo | 1 | 3x | rolloutpool | 2,000 | 1.010 | 12 |" in table
+    assert "| agentic-grpo | - | 3x | rolloutpool | 1,482 | 1.010 | 12 |" in table  # a sweep without its points
 
 
 def test_the_block_between_the_markers_is_replaced_and_a_file_without_them_is_refused() -> None:

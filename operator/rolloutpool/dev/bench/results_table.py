@@ -154,19 +154,26 @@ def sim_table(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
 def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``) (pure).
 
-    Per scenario, load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded the bench
-    computed, and the share of prefilled tokens that were re-prefill of evicted context.
+    Per scenario, context scale, load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded
+    the bench computed, and the share of prefilled tokens that were re-prefill of evicted context.
     """
     lines = [
-        "| scenario | load | router | generated tok/s | / vllm-router sticky least-loaded | re-prefilled % |",
-        "|---|--:|---|--:|--:|--:|",
+        "| scenario | context scale | load | router | generated tok/s | / vllm-router sticky least-loaded "
+        "| re-prefilled % |",
+        "|---|--:|--:|---|--:|--:|--:|",
     ]
     for document in documents:
+        scales = {
+            (str(p.get("scenario")), float(p.get("load", 0))): (p.get("config") or {}).get("context_scale")
+            for p in document.get("points") or []
+        }
         for row in document.get("ratios") or []:
             rate = row.get("tokens_per_s")
             pct = row.get("evicted_pct")
+            scale = scales.get((str(row["scenario"]), float(row["load"])))
             lines.append(
-                f"| {row['scenario']} | {float(row['load']):g}x | {row['router']} | "
+                f"| {row['scenario']} | {'-' if scale is None else f'{float(scale):g}'} | {float(row['load']):g}x | "
+                f"{row['router']} | "
                 f"{'-' if rate is None else f'{rate:,.0f}'} | {_ratio(row.get('ratio'))} | "
                 f"{'-' if pct is None else f'{pct:.0f}'} |"
             )
