@@ -146,7 +146,7 @@ def test_example_pools_get_children_status_and_survive_restart(
         role = router["role"]
         # the router schedules turns by the spec's working set; the hold limit in wall seconds (time scale 10)
         router_args = router["deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert {"--target=0.9", "--keep-quantile=0.9", "--hold-limit=300", "--time-scale=10"} <= set(router_args), (
+        assert {"--target=0.9", "--keep-quantile=0.99", "--hold-limit=300", "--time-scale=10"} <= set(router_args), (
             router_args
         )
         assert not any(a.startswith(("--cap", "--max-model-len")) for a in router_args), router_args

@@ -323,7 +323,7 @@ def test_router_objects() -> None:
         f"--state-path={STATE_PATH}",
         f"--admin-token-file={ADMIN_TOKEN_PATH}",
         "--target=0.9",
-        "--keep-quantile=0.9",
+        "--keep-quantile=0.99",
         "--prefill-rate=40000",
         "--hold-limit=300",
         "--cap-ceiling=256",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutpool.dev.bench.results_table import bench_table, misses, replace_block, sim_table
+from rolloutpool.dev.bench.results_table import bench_table, first_rows, misses, replace_block, sim_table
 
 
 def _row(variant: str, ratio: float, *, load: float = 3.0, seed: int = 0, evicted: float = 0.4) -> dict[str, object]:
@@ -85,3 +85,15 @@ def test_a_seed_without_its_own_bound_is_judged_against_the_points_mean_bound() 
     assert line.endswith("| - |")  # seed 1's 1.0 is within 3 % of seed 0's bound of 1.02
     rows[-1] = _row("rolloutpool", 0.985, load=2.0, seed=1)  # 3 % under it
     assert sim_table({1.0: rows}).splitlines()[-1].endswith("| >= sLL, >= 1.3x |")
+
+
+def test_a_variants_rows_from_an_earlier_file_win_over_a_later_ones() -> None:
+    seen: set[tuple[float, str, float, int, str]] = set()
+    rerun = [{"scenario": "bimodal", "load": 3.0, "seed": 0, "variant": "rolloutpool", "vs_baseline": 1.25}]
+    older = [
+        {"scenario": "bimodal", "load": 3.0, "seed": 0, "variant": "rolloutpool", "vs_baseline": 1.20},
+        {"scenario": "bimodal", "load": 3.0, "seed": 0, "variant": "thunderagent", "vs_baseline": 1.18},
+    ]
+    assert first_rows(rerun, scale=1.0, seen=seen) == rerun
+    assert first_rows(older, scale=1.0, seen=seen) == older[1:]  # the re-run's row replaced the older one
+    assert first_rows(older, scale=2.0, seen=seen) == older  # another prefill price is another point

@@ -289,9 +289,10 @@ class ConcurrencySpec(SpecModel):
     idle sessions whose prefix the routers keep. A returning turn whose prefix was let go waits for room under it.
     With autoscaling, where the control law starts each replica."""
 
-    keep_quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
+    keep_quantile: float = Field(default=0.99, gt=0.0, lt=1.0)
     """An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from the
-    gaps between turns; after that it may be let go when a turn or a new session needs the room."""
+    gaps between turns, and no longer than its break-even (``prefillTokensPerSecond``); after that it may be let go
+    when a turn or a new session needs the room."""
 
     prefill_tokens_per_second: float = Field(default=40_000.0, ge=0.0, le=1e9)
     """The engines' prefill rate (an 8B model on an H100: about 40,000 tokens/s). An idle prefix is kept no longer than

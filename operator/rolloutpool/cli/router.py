@@ -76,10 +76,11 @@ def _default_state(host: str, port: int) -> Path | None:
 @click.option(
     "--keep-quantile",
     type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
-    default=0.9,
+    default=0.99,
     show_default=True,
     help="An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from "
-    "the gaps between turns; then it may be let go when room is needed.",
+    "the gaps between turns, and no longer than its break-even (--prefill-rate); then it may be let go when room is "
+    "needed.",
 )
 @click.option(
     "--prefill-rate",

@@ -180,6 +180,20 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_rows(
+    rows: Iterable[Mapping[str, Any]], *, scale: float, seen: set[tuple[float, str, float, int, str]]
+) -> list[Mapping[str, Any]]:
+    """The rows of a (prefill scale, scenario, load, seed, variant) not in ``seen``, which they join (pure but for
+    ``seen``): given first, a later run of some variants replaces those of an earlier, complete one."""
+    kept = []
+    for row in rows:
+        key = (scale, str(row["scenario"]), float(row["load"]), int(row["seed"]), str(row["variant"]))
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept
+
+
 def replace_block(text: str, block: str) -> str:
     """``text`` with the generated block between the markers replaced (pure); raises when they are missing."""
     start, end = text.find(BEGIN), text.find(END)
@@ -191,16 +205,23 @@ def replace_block(text: str, block: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: read the JSON, print (or write) the block."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--sim", type=Path, action="append", default=[], help="simulate-compare --json output")
+    parser.add_argument(
+        "--sim",
+        type=Path,
+        action="append",
+        default=[],
+        help="simulate-compare --json output; a variant's row read from an earlier --sim wins over a later one's",
+    )
     parser.add_argument("--bench", type=Path, action="append", default=[], help="a multi-load bench's bench.json")
     parser.add_argument("--write", type=Path, default=None)
     args = parser.parse_args(argv)
     runs: dict[float, list[Mapping[str, Any]]] = defaultdict(list)
     notes = []
-    for path in args.sim:
+    seen: set[tuple[float, str, float, int, str]] = set()
+    for path in args.sim:  # in order: a row of a (scenario, load, seed, variant) already read is skipped
         data = json.loads(path.read_text())
         scale = float(data["meta"].get("prefill_cost_scale", 1.0))
-        runs[scale] += data["rows"]
+        runs[scale] += first_rows(data["rows"], scale=scale, seen=seen)
         meta = data["meta"]
         notes.append(f"`{path.name}`: {meta.get('replicas')} replicas, {meta.get('duration_s'):g} simulated s, "
                      f"prefill cost x{scale:g}")  # fmt: skip
