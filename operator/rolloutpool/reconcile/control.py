@@ -1,11 +1,13 @@
-"""The slow control loop's decisions inside a pass: is a step due, what the read says, the caps (pure).
+"""The slow control loop's decisions inside a pass: is a step due, what the read says, each replica's
+working-set target and quarantine (pure).
 
-Caps and cooldowns come back from the previous status (``controls_from_status``), so an
-operator restart neither resets a cap nor skips a cooldown. Between two steps of the loop
-(``autoscaling.intervalSeconds``) a pass keeps every replica's cap as the status has it;
-a replica that appears meanwhile starts at the law's initial cap (its floor while Prometheus is
-down). The operator's process keeps :class:`ControlMemo` between passes; ``now`` is wall time
-(the law's cooldowns), ``clock`` monotonic time (when the next step is due).
+Targets and cooldowns come back from the previous status (``controls_from_status``), so an
+operator restart neither resets a target nor skips a cooldown. Between two steps of the loop
+(``autoscaling.intervalSeconds``) a pass keeps every replica's target as the status has it;
+a replica that appears meanwhile starts at the law's initial target (none while Prometheus is
+down: the routers keep their own). The operator's process keeps :class:`ControlMemo` between passes;
+``now`` is wall time (the law's cooldowns), ``clock`` monotonic time (when the next step is due).
+Prometheus' rates are per wall second; :func:`engine_time` puts a time-scaled pool's in engine seconds.
 """
 
 from __future__ import annotations
