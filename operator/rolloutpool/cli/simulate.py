@@ -128,6 +128,7 @@ def simulate(
     import time  # noqa: PLC0415
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
+    from rolloutpool.sim.compiled import compiled  # noqa: PLC0415
     from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.hardware import with_hardware  # noqa: PLC0415
     from rolloutpool.sim.peers import PEERS  # noqa: PLC0415
@@ -188,6 +189,7 @@ def simulate(
         f"prefill cost x{hardware.cost.prefill_cost_scale:g}), "
         f"fleet conservative capacity {fleet_floor(base)} sessions, "
         f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
+        + (" (engine compiled with mypyc)" if compiled() else "")
     )
     started = time.perf_counter()
     runs = _run_with_progress(jobs, workers)
