@@ -20,6 +20,15 @@ __all__ = ["simulate"]
 _console = Console()
 
 
+def _compiled_note() -> str:
+    """The banner's note of the optional compiled build; refuses compiled modules older than their source."""
+    from rolloutpool.sim.compiled import compiled, stale, stale_message  # noqa: PLC0415
+
+    if old := stale():
+        raise click.ClickException(stale_message(old))
+    return " (engine compiled with mypyc)" if compiled() else ""
+
+
 @click.command()
 @click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
 @click.option(
@@ -129,7 +138,6 @@ def simulate(
     import time  # noqa: PLC0415
 
     from rolloutpool.routing.policies import POLICIES  # noqa: PLC0415
-    from rolloutpool.sim.compiled import compiled  # noqa: PLC0415
     from rolloutpool.sim.fleet import ADAPTIVE, FleetConfig  # noqa: PLC0415
     from rolloutpool.sim.hardware import with_hardware  # noqa: PLC0415
     from rolloutpool.sim.peers import PEERS  # noqa: PLC0415
@@ -189,8 +197,7 @@ def simulate(
         f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each, "
         f"prefill cost x{hardware.cost.prefill_cost_scale:g}), "
         f"fleet conservative capacity {fleet_floor(base)} sessions, "
-        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
-        + (" (engine compiled with mypyc)" if compiled() else "")
+        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)" + _compiled_note()
     )
     started = time.perf_counter()
     runs = _run_with_progress(jobs, workers)

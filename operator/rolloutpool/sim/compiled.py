@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["MODULES", "STAMP", "build", "clean", "compiled", "stale"]
+__all__ = ["MODULES", "STAMP", "build", "clean", "compiled", "stale", "stale_message"]
 
 MODULES = (
     "rolloutpool.engine.model.blocks",
@@ -73,6 +73,14 @@ def stale(root: Path = _ROOT) -> list[str]:
     except (OSError, ValueError):
         recorded = {}
     return [module for module in compiled(root) if recorded.get(module) != _digest(_source(module, root))]
+
+
+def stale_message(modules: list[str]) -> str:
+    """What to tell a user whose compiled ``modules`` are older than their sources."""
+    return (
+        f"compiled modules older than their sources: {', '.join(modules)}; rebuild them "
+        "(python -m rolloutpool.sim.compiled build) or remove them (python -m rolloutpool.sim.compiled clean)"
+    )
 
 
 def clean(root: Path = _ROOT) -> list[Path]:

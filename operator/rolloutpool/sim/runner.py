@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE, conservative_cap
 from rolloutpool.engine.model.cost import hardware_preset
-from rolloutpool.sim.compiled import stale
+from rolloutpool.sim.compiled import stale, stale_message
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
 from rolloutpool.sim.results import RunResult
 
@@ -69,10 +69,7 @@ def run_jobs(
     """
     old = stale()
     if old:
-        raise RuntimeError(
-            f"compiled modules older than their sources: {', '.join(old)}; rebuild them "
-            "(python -m rolloutpool.sim.compiled build) or remove them (python -m rolloutpool.sim.compiled clean)"
-        )
+        raise RuntimeError(stale_message(old))
     results: dict[int, tuple[Job, RunResult, float]] = {}
     if workers <= 1:
         for i, job in enumerate(jobs):
