@@ -20,6 +20,15 @@ __all__ = ["simulate"]
 _console = Console()
 
 
+def _compiled_note() -> str:
+    """The banner's note of the optional compiled build; refuses compiled modules older than their source."""
+    from rolloutpool.sim.compiled import compiled, stale, stale_message  # noqa: PLC0415
+
+    if old := stale():
+        raise click.ClickException(stale_message(old))
+    return " (engine compiled with mypyc)" if compiled() else ""
+
+
 @click.command()
 @click.option("--scenario", "scenario_name", default="agentic-grpo", show_default=True, help="Named workload.")
 @click.option(
@@ -33,7 +42,8 @@ _console = Console()
 @replica_options
 @click.option(
     "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
-    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: 410 s of CPU, ~3.5 min on 2 cores).",
+    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: ~220 s of CPU, ~2 min on 2 cores; "
+    "about half with `python -m rolloutpool.sim.compiled build`, docs/simulator-speed.md).",
 )  # fmt: skip
 @click.option(
     "--load",
@@ -187,7 +197,7 @@ def simulate(
         f"{chosen.name}: {replicas} x {hardware.label} ({hardware.kv_capacity_tokens:,} KV tokens each, "
         f"prefill cost x{hardware.cost.prefill_cost_scale:g}), "
         f"fleet conservative capacity {fleet_floor(base)} sessions, "
-        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)"
+        f"{duration_s / 3600:g} simulated hours, {len(jobs)} runs on {workers} worker(s)" + _compiled_note()
     )
     started = time.perf_counter()
     runs = _run_with_progress(jobs, workers)

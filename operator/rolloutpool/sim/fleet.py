@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
 from rolloutpool.engine.model.cost import hardware_preset
@@ -212,22 +212,24 @@ class _Fleet:
         traj = self.trajs[idx]
         if self.recorder is not None:
             self.recorder.arrived(str(idx), now=self.now, group=str(traj.plan.group))
-        placement = self._placement(traj)
+        resident = None
         if traj.replica is not None and self.ledger.work is not None:  # what KV events tell the router
             engine = self.drivers[traj.replica].engine
             hits = engine.pool.count_hits(traj.chain.hashes, max(0, traj.chain.length - 1) // self.block_size)
-            placement = replace(placement, resident_tokens=hits * self.block_size)
+            resident = hits * self.block_size
+        placement = self._placement(traj, resident)
         decision = self.ledger.arrive(placement, now=self.now)
         if isinstance(decision, Bound):
             self._submit(traj, decision.session)
         self._dispatch()  # a Queued session is submitted when the ledger admits it
 
-    def _placement(self, traj: _Traj) -> Placement:
+    def _placement(self, traj: _Traj, resident: int | None) -> Placement:
         return Placement(
             str(traj.plan.index),
             group=str(traj.plan.group),
             projected_tokens=traj.proj,
             prompt_tokens=traj.chain.length,
+            resident_tokens=resident,
         )
 
     def _dispatch(self) -> None:

@@ -10,7 +10,9 @@ blocks without a hash go to the FRONT (LIFO reuse of uncached blocks), so no cac
 prefix is evicted while an uncached block is free. Cached-but-free blocks count as
 free in :attr:`usage`, exactly as ``vllm:kv_cache_usage_perc`` counts them.
 
-Hash lists passed in are whole chains: ``hashes[i]`` is the block at depth ``i``.
+Hash lists passed in are whole chains: ``hashes[i]`` is the block at depth ``i``. The pool keeps
+references to the lists :meth:`BlockPool.seal` is given, so a caller may append to a list it passed
+but never change or remove an entry already in it.
 
 Representation (the semantics above are block by block; only the bookkeeping is
 grouped). A request holds a prefix of its chain, so a block's ref count (the number
@@ -22,7 +24,9 @@ segment, so every request's held prefix ends on a segment boundary. Looking up a
 chain walks a few segments (one comparison each, or a binary search where the chain
 branches off inside one); taking a rollout's context back between two turns, or
 releasing it, touches a few segments, not a thousand blocks; sealing appends to the
-request's own tail segment; eviction truncates one. Segments split only where ref
+request's own tail segment; eviction truncates one. A segment holds no copy of its hashes: it is a
+view ``src[depth:end]`` of the chain list it was sealed from (entries are never changed, so a view
+stays valid), and extending, splitting or truncating it moves its bounds, not the hashes. Segments split only where ref
 counts or chains come to differ, and a split keeps the deeper part in the original
 object (so the free queue and callers' hints stay valid).
 
@@ -57,22 +61,32 @@ class _Run:
         self.live = 0  # segment runs: cached blocks still free in this run
 
 
+_NONE: list[int] = []  # the source of an empty (evicted or reset) segment: never read, never written
+
+
 class _Seg:
-    """Resident blocks ``hashes`` at depths ``depth, depth + 1, ...`` of one chain, all with ref count ``ref``.
+    """Resident blocks ``src[depth:end]`` (depths ``depth .. end - 1`` of one chain), all with ref count ``ref``.
 
     A node of the radix tree: ``children`` are the segments that continue it, keyed
-    by their first block's hash; ``parent`` is the segment it continues.
+    by their first block's hash; ``parent`` is the segment it continues. ``src`` is a
+    chain list the pool was given (``src[i]`` is the block at depth ``i``).
     """
 
-    __slots__ = ("children", "depth", "hashes", "parent", "ref", "run")
+    __slots__ = ("children", "depth", "end", "parent", "ref", "run", "src")
 
-    def __init__(self, depth: int, hashes: list[int], ref: int, parent: _Seg | None) -> None:
+    def __init__(self, depth: int, end: int, src: list[int], ref: int, parent: _Seg | None) -> None:
         self.depth = depth
-        self.hashes = hashes
+        self.end = end
+        self.src = src
         self.ref = ref
         self.parent = parent
         self.children: dict[int, _Seg] = {}
         self.run: _Run | None = None  # the run it is free in (ref 0), else None
+
+    @property
+    def hashes(self) -> list[int]:
+        """Its blocks' hashes (a copy: for tests and diagnostics)."""
+        return self.src[self.depth : self.end]
 
 
 def _shared_end(seg: _Seg, hashes: list[int], limit: int) -> int:
@@ -83,19 +97,19 @@ def _shared_end(seg: _Seg, hashes: list[int], limit: int) -> int:
     comparison when it follows the segment to its end or to ``limit``, otherwise a
     binary search for the branch point.
     """
-    depth, blocks = seg.depth, seg.hashes
-    hi = min(len(blocks), limit - depth)
-    if blocks[hi - 1] == hashes[depth + hi - 1]:
-        return depth + hi
-    lo = 1  # blocks[:lo] agree, blocks[hi - 1] does not
+    src = seg.src
+    hi = min(seg.end, limit)
+    if src is hashes or src[hi - 1] == hashes[hi - 1]:  # the segment's own chain agrees with itself
+        return hi
+    lo = seg.depth + 1  # depths before lo agree, hi - 1 does not
     hi -= 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if blocks[mid - 1] == hashes[depth + mid - 1]:
+        if src[mid - 1] == hashes[mid - 1]:
             lo = mid
         else:
             hi = mid - 1
-    return depth + lo
+    return lo
 
 
 class BlockPool:
@@ -108,7 +122,7 @@ class BlockPool:
         self.block_size = block_size
         self.capacity = num_gpu_blocks - 1
         self._order: deque[_Run] = deque([_Run(None, self.capacity)])
-        self._root = _Seg(0, [], 0, None)  # empty: its children start chains
+        self._root = _Seg(0, 0, _NONE, 0, None)  # empty: its children start chains
         self._uncached = self.capacity
         self._cached_free = 0
         self.evictions = 0
@@ -166,7 +180,7 @@ class BlockPool:
             if held < 0 and not seg.ref:
                 held = depth
             depth = _shared_end(seg, hashes, limit)
-            if depth < seg.depth + len(seg.hashes):
+            if depth < seg.end:
                 break
             node = seg
         return depth, depth if held < 0 else held
@@ -180,7 +194,7 @@ class BlockPool:
             if seg is None or (held_only and not seg.ref):
                 return depth
             depth = _shared_end(seg, hashes, limit)
-            if depth < seg.depth + len(seg.hashes):
+            if depth < seg.end:
                 return depth
             node = seg
         return depth
@@ -193,7 +207,7 @@ class BlockPool:
         while depth < n:
             seg = node.children[hashes[depth]]
             stop = _shared_end(seg, hashes, n)
-            if stop < seg.depth + len(seg.hashes):  # the hit ends, or this chain branches off, inside
+            if stop < seg.end:  # the hit ends, or this chain branches off, inside
                 seg = self._split(seg, stop)
             if not seg.ref:
                 self._reclaim(seg)
@@ -223,8 +237,8 @@ class BlockPool:
             if seg.run is not run:  # taken back since (or emptied): no longer in this run
                 segs.pop()
                 continue
-            n -= self._evict(seg, min(n, len(seg.hashes)))
-            if not seg.hashes:
+            n -= self._evict(seg, min(n, seg.end - seg.depth))
+            if seg.end == seg.depth:
                 segs.pop()
         return True
 
@@ -238,31 +252,28 @@ class BlockPool:
         the same object, so the hint stays good while the request holds it).
         """
         node, depth = self._root, 0
-        if type(hint) is _Seg:
-            blocks = hint.hashes
-            if blocks and hint.depth + len(blocks) == start and blocks[-1] == hashes[start - 1]:
-                # still the segment that ends with our last block
-                if hint.ref == 1 and not hint.children and start < end:
-                    blocks += hashes[start:end]  # all the loop below would do: extend it
-                    return hint
-                node, depth = hint, start
+        if type(hint) is _Seg and hint.depth < hint.end == start and hint.src[start - 1] == hashes[start - 1]:
+            # still the segment that ends with our last block (so our chain runs through it: it can view ours)
+            if hint.ref == 1 and not hint.children and start < end:
+                hint.src, hint.end = hashes, end  # all the loop below would do: extend it
+                return hint
+            node, depth = hint, start
         while depth < start:  # down the request's held segments (they end on its boundary)
             node = node.children[hashes[depth]]
-            depth = node.depth + len(node.hashes)
+            depth = node.end
         adopted = 0
         while depth < end:
             seg = node.children.get(hashes[depth])
             if seg is None:  # this block and (prefix-closed) all after it are new
-                new = hashes[depth:end]
-                if node.ref == 1 and not node.children:
-                    node.hashes.extend(new)
+                if node.ref == 1 and not node.children:  # ours alone, ending at depth: it can view our chain
+                    node.src, node.end = hashes, end
                 else:
-                    child = _Seg(depth, new, 1, node)
-                    node.children[new[0]] = child
+                    child = _Seg(depth, end, hashes, 1, node)
+                    node.children[hashes[depth]] = child
                     node = child
                 break
             stop = _shared_end(seg, hashes, end)
-            if stop < seg.depth + len(seg.hashes):
+            if stop < seg.end:
                 seg = self._split(seg, stop)
             if not seg.ref:
                 self._reclaim(seg)
@@ -289,13 +300,13 @@ class BlockPool:
             node.ref -= 1
             if not node.ref:
                 freed.append(node)
-            depth = node.depth + len(node.hashes)
+            depth = node.end
         if freed:
             run = _Run(freed, 0)
             total = 0
             for seg in freed:
                 seg.run = run
-                total += len(seg.hashes)
+                total += seg.end - seg.depth
             run.live = total
             self._cached_free += total
             self._order.append(run)
@@ -309,10 +320,10 @@ class BlockPool:
         if self.num_used:
             return False
         for seg in self._segments():  # orphan them for good: a stale request hint must never match
-            seg.hashes = []
+            seg.src, seg.end = _NONE, seg.depth
             seg.run = seg.parent = None
         self._order = deque([_Run(None, self.capacity)])
-        self._root = _Seg(0, [], 0, None)
+        self._root = _Seg(0, 0, _NONE, 0, None)
         self._uncached = self.capacity
         self._cached_free = 0
         if self.events is not None:
@@ -331,22 +342,21 @@ class BlockPool:
 
     def _split(self, seg: _Seg, depth: int) -> _Seg:
         """Cut ``seg`` at ``depth``; return the new head (``seg`` keeps the tail, its children and its run)."""
-        k = depth - seg.depth
         parent = seg.parent
         if parent is None:  # pragma: no cover - only the root has no parent, and it is never split
             raise RuntimeError("cannot split the root")
-        head = _Seg(seg.depth, seg.hashes[:k], seg.ref, parent)
+        src = seg.src
+        head = _Seg(seg.depth, depth, src, seg.ref, parent)
         head.run = seg.run
-        parent.children[head.hashes[0]] = head
-        seg.hashes = seg.hashes[k:]
+        parent.children[src[seg.depth]] = head
         seg.depth = depth
         seg.parent = head
-        head.children[seg.hashes[0]] = seg
+        head.children[src[depth]] = seg
         return head
 
     def _reclaim(self, seg: _Seg) -> None:
         """A free segment is referenced again: it leaves its run."""
-        n = len(seg.hashes)
+        n = seg.end - seg.depth
         if seg.run is not None:
             seg.run.live -= n
             seg.run = None
@@ -356,18 +366,18 @@ class BlockPool:
         """Evict the deepest ``k`` blocks of a free segment (nothing continues it: residency is prefix-closed)."""
         if seg.children:  # pragma: no cover - would contradict prefix-closed residency
             raise RuntimeError("evicting blocks that cached blocks continue")
-        hashes = seg.hashes
+        src, end = seg.src, seg.end
         if self.events is not None:  # deepest first, the order vLLM's free queue evicts a freed chain in
-            self.events.extend(BlockRemoved(h) for h in reversed(hashes[len(hashes) - k :]))
-        if k == len(hashes):
+            self.events.extend(BlockRemoved(h) for h in reversed(src[end - k : end]))
+        if k == end - seg.depth:
             if seg.parent is not None:
-                del seg.parent.children[hashes[0]]
-            seg.hashes = []
+                del seg.parent.children[src[seg.depth]]
+            seg.src, seg.end = _NONE, seg.depth
             if seg.run is not None:
                 seg.run.live -= k
             seg.run = seg.parent = None
         else:
-            del hashes[len(hashes) - k :]
+            seg.end = end - k
             if seg.run is not None:
                 seg.run.live -= k
         self._cached_free -= k

@@ -30,7 +30,7 @@ The presets (:data:`HARDWARE_PRESETS`, Qwen3-8B) take their figures from ``gpu-c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from rolloutpool.capacity import (
     GIB,
@@ -96,6 +96,11 @@ class CostModel:
                 "cost model: weight/KV bandwidths, linear rate and prefill cost scale must be positive, overhead, "
                 f"weight bytes and attention cost non-negative, kv_bytes_per_token >= 1, knee >= 0 (bad: {bad})"
             )
+
+    def __reduce__(self) -> tuple[type[CostModel], tuple[float, ...]]:
+        """Pickle through the constructor: a frozen dataclass compiled with mypyc (rolloutpool.sim.compiled) cannot
+        be unpickled field by field, and the fleet simulator sends its cost model to worker processes."""
+        return CostModel, tuple(getattr(self, f.name) for f in fields(self))
 
     def with_prefill_cost_scale(self, scale: float) -> CostModel:
         """This model with prefill ``scale`` times as dear (``ValueError`` unless positive)."""
