@@ -320,3 +320,27 @@ TestLedgerProperties = LedgerMachine.TestCase
 TestLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 TestTurnLedgerProperties = TurnLedgerMachine.TestCase
 TestTurnLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+def test_a_returning_turn_lowers_a_cap_raised_by_the_operator() -> None:
+    """Found by the machine above: the operator raised a replica's target (its cap rose to 3), then an idle
+    session's turn returned and took room; the cap stayed at 3 over the 2 its new room gives, so a new session
+    could have been placed over it until the next tick."""
+    machine = TurnLedgerMachine()
+    machine.replica_added("r2")
+    machine.replica_removed("r1")
+    machine.replica_draining("r0", True)
+    machine.turn_arrives("s0")
+    machine.turn_starts("s0")
+    session = machine.turns.pop()
+    machine.ledger.finish_turn(session, now=machine._tick(), usage=Usage(session.context_tokens + 200, 50, 0))
+    machine.ledger.turn_ended(session, now=machine.now)
+    machine.request_without_session_id()
+    machine.operator_status({"r0": (None, False), "r1": (None, False), "r2": (1.0, False)})
+    raised = machine.ledger.table.replicas["r2"].cap
+    machine.turn_arrives("s0")
+    after = machine.ledger.table.replicas["r2"].cap
+    assert raised is not None
+    assert after is not None
+    assert after < raised
+    machine.caps_come_from_the_one_function()

@@ -198,6 +198,16 @@ class Ledger:
         self.table.refresh(name)
         return raised
 
+    def _room_taken(self, name: str) -> None:
+        """A returning turn grew (or was held on) the replica's working set: its cap may only fall.
+
+        A cap at or under the live count admits nothing new and stays at or under the new value, so only a cap
+        above it is recomputed (the common case costs one comparison).
+        """
+        replica = self.table.replicas.get(name)
+        if self.work is not None and replica is not None and (replica.cap is None or replica.cap > replica.live):
+            self._kv_cap(name)
+
     # -- arrivals and admission -------------------------------------------------------------
 
     def arrive(self, placement: Placement, *, now: float, one_turn: bool = False) -> Arrival:
@@ -230,9 +240,12 @@ class Ledger:
     def _return(self, current: Session, *, now: float, resident: int | None) -> Arrival:
         """A live session's turn on its replica: served now, or held for room (routing/workingset.py)."""
         current.last_seen = now
-        if self.work is not None and not self.work.arrive(current.session_id, now=now, resident=resident):
+        work = self.work
+        served = work is None or work.arrive(current.session_id, now=now, resident=resident)
+        self._room_taken(current.replica)
+        if work is not None and not served:
             candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
-            name = self.work.move_target(current.session_id, candidates, resident=resident, now=now)
+            name = work.move_target(current.session_id, candidates, resident=resident, now=now)
             if name is not None:
                 return Bound(self._move(current, name, now=now), created=False)
             self._tickets += 1
