@@ -55,3 +55,16 @@ def test_status_tolerates_unknown_fields_and_parses_times() -> None:
     )
     assert status.ready_replicas == 2
     assert status.conditions[0].last_transition_time.year == 2026
+
+
+def test_the_specs_scheduler_defaults_are_the_routers() -> None:
+    """A pool without ``concurrency`` schedules turns as ``rolloutpool router`` does with no flags (the spec cannot
+    import the routing layer, so the two defaults are written twice and kept equal here)."""
+    from rolloutpool.api.spec import ConcurrencySpec  # noqa: PLC0415
+    from rolloutpool.routing.workingset_state import WorkingSetConfig  # noqa: PLC0415
+
+    spec, router = ConcurrencySpec(), WorkingSetConfig()
+    assert spec.working_set_target == router.target
+    assert spec.keep_quantile == router.keep_quantile
+    assert spec.prefill_tokens_per_second == router.prefill_tokens_per_s
+    assert spec.hold_limit_seconds == router.hold_limit_s

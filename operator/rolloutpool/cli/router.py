@@ -7,12 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rolloutpool.routing.workingset_state import WorkingSetConfig
+
 if TYPE_CHECKING:
     from rolloutpool.router.config import RouterConfig
     from rolloutpool.router.kv_sources import KvEventsSettings
-    from rolloutpool.routing.workingset import WorkingSetConfig
 
 __all__ = ["router_command"]
+
+_SCHEDULER = WorkingSetConfig()
+"""The turn scheduler's defaults: the flags below and the spec's ``concurrency`` (api/spec.py) start from them."""
 
 
 def _check_writable(flag: str, path: Path) -> None:
@@ -68,7 +72,7 @@ def _default_state(host: str, port: int) -> Path | None:
 @click.option(
     "--target",
     type=click.FloatRange(0.05, 2.0),
-    default=0.9,
+    default=_SCHEDULER.target,
     show_default=True,
     help="Share of each replica's KV capacity its working set may fill (generating sessions' contexts and the idle "
     "prefixes kept): turns of sessions whose prefix was let go wait for room under it.",
@@ -76,7 +80,7 @@ def _default_state(host: str, port: int) -> Path | None:
 @click.option(
     "--keep-quantile",
     type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
-    default=0.99,
+    default=_SCHEDULER.keep_quantile,
     show_default=True,
     help="An idle session's prefix is kept (its lease) until this quantile of its predicted tool time, learned from "
     "the gaps between turns, and no longer than its break-even (--prefill-rate); then it may be let go when room is "
@@ -85,7 +89,7 @@ def _default_state(host: str, port: int) -> Path | None:
 @click.option(
     "--prefill-rate",
     type=click.FloatRange(min=0),
-    default=40_000.0,
+    default=_SCHEDULER.prefill_tokens_per_s,
     show_default=True,
     metavar="TOKENS_PER_S",
     help="The engines' prefill rate (an 8B model on an H100: about 40,000). An idle prefix is kept no longer than "
@@ -95,7 +99,7 @@ def _default_state(host: str, port: int) -> Path | None:
 @click.option(
     "--hold-limit",
     type=click.FloatRange(min=0),
-    default=300.0,
+    default=_SCHEDULER.hold_limit_s,
     show_default=True,
     metavar="SECONDS",
     help="A held turn is served after this long whatever the room (bounded wait).",
