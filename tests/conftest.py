@@ -13,6 +13,15 @@ settings.register_profile("shared-machine", suppress_health_check=[HealthCheck.t
 settings.load_profile("shared-machine")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test a compiled module (rolloutpool.sim.compiled) older than its source: Python would import the
+    extension and the tests would run old code."""
+    from rolloutpool.sim.compiled import stale, stale_message  # noqa: PLC0415
+
+    if old := stale():
+        pytest.exit(stale_message(old), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Routers started by tests keep their default snapshots here, never in the user's ~/.local/state."""

@@ -71,3 +71,17 @@ def test_run_jobs_refuses_stale_compiled_modules(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(runner, "stale", lambda: ["rolloutpool.sim.fleet"])
     with pytest.raises(RuntimeError, match=r"rolloutpool\.sim\.fleet"):
         runner.run_jobs([], workers=1)
+
+
+def test_engine_sim_refuses_stale_compiled_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine-sim imports the engine model too: a stale compiled one is refused before anything starts (the
+    conflicting flags after it make a missing check end in a usage error, not a server that never returns)."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from rolloutpool.cli.engine_sim import engine_sim  # noqa: PLC0415
+
+    monkeypatch.setattr(comp, "stale", lambda: ["rolloutpool.engine.model.core"])
+    result = CliRunner().invoke(engine_sim, ["--num-gpu-blocks", "4", "--kv-capacity-tokens", "64"])
+    assert result.exit_code == 1, result.output
+    assert "rolloutpool.engine.model.core" in result.output
+    assert "rolloutpool.sim.compiled build" in result.output

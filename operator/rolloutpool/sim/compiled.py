@@ -10,7 +10,8 @@ CPU. ``clean`` removes them; ``status`` says which modules run compiled.
 
 A compiled module does not follow later edits of its source. The build records each source's
 SHA-256 in :data:`STAMP`; :func:`stale` names the compiled modules whose source changed since, and
-``rolloutpool simulate`` refuses to run with any (rebuild or clean).
+``rolloutpool simulate``, ``rolloutpool engine-sim`` and the test suite (tests/conftest.py) refuse to run
+with any (rebuild or clean).
 """
 
 from __future__ import annotations
