@@ -401,17 +401,14 @@ def _turns(
     *, target: float, keep_quantile: float, prefill_rate: float, hold_limit: float, scale: float
 ) -> WorkingSetConfig:
     """The turn scheduler's settings; its engine-time constants in wall seconds at the engines' time scale."""
-    from rolloutpool.routing.workingset import WorkingSetConfig  # noqa: PLC0415
-
-    default = WorkingSetConfig()
     return WorkingSetConfig(
         target=target,
         limit=max(1.0, target),
         keep_quantile=keep_quantile,
         prefill_tokens_per_s=prefill_rate * scale if prefill_rate > 0 else None,  # engine tokens per wall second
         hold_limit_s=hold_limit / scale,
-        keep_s=default.keep_s / scale,
-        fair_after_s=default.fair_after_s / scale,
+        keep_s=_SCHEDULER.keep_s / scale,
+        fair_after_s=_SCHEDULER.fair_after_s / scale,
     )
 
 

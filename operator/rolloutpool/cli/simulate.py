@@ -28,7 +28,10 @@ def _compiled_note() -> str:
         raise click.ClickException(stale_message(old))
     if compiled():
         return " (engine compiled with mypyc)"
-    return " (pure Python: `python -m rolloutpool.sim.compiled build` compiles the engine, about half the CPU)"
+    return (
+        " (pure Python; in a source checkout with the dev extra, `python -m rolloutpool.sim.compiled build` compiles"
+        " the engine: about half the CPU)"
+    )
 
 
 @click.command()

@@ -199,10 +199,13 @@ class Ledger:
         return raised
 
     def _room_taken(self, name: str) -> None:
-        """A returning turn grew (or was held on) the replica's working set: its cap may only fall.
+        """A returning turn grew (or was held on) the replica's working set: recompute a cap that could stand above
+        the room left.
 
-        A cap at or under the live count admits nothing new and stays at or under the new value, so only a cap
-        above it is recomputed (the common case costs one comparison).
+        A cap at or under the live count admits nothing new and stays valid, so only a cap above it is recomputed
+        (under load that is one comparison; otherwise a pass over the replica's idle sessions). The new cap can also
+        be higher (leases ended since the last recompute); sessions queued for it are admitted at the next tick or
+        event, as before.
         """
         replica = self.table.replicas.get(name)
         if self.work is not None and replica is not None and (replica.cap is None or replica.cap > replica.live):
