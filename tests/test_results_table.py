@@ -1,10 +1,23 @@
-"""The generated results table of docs/benchmarks.md (pure)."""
+"""The generated results table of docs/benchmarks.md (pure), and the medians of repeated bench runs it reads."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
+from typing import Any
 
-from rolloutpool.dev.bench.results_table import bench_table, first_rows, misses, replace_block, sim_table
+import pytest
+from click.testing import CliRunner
+
+from rolloutpool.cli.bench import bench_command
+from rolloutpool.dev.bench.results_table import (
+    bench_commands,
+    bench_table,
+    first_rows,
+    misses,
+    replace_block,
+    sim_table,
+)
 
 
 def _row(variant: str, ratio: float, *, load: float = 3.0, seed: int = 0, evicted: float = 0.4) -> dict[str, object]:
@@ -61,9 +74,38 @@ def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:
     unscaled = {"ratios": [{**document["ratios"][0], "tokens_per_s": 2000.0}],
                 "points": [{"scenario": "agentic-grpo", "load": 3.0, "config": {"context_scale": 1.0}}]}  # fmt: skip
     table = bench_table([document, unscaled, {"ratios": document["ratios"]}])
-    assert "| agentic-grpo | 0.25 | 3x | rolloutpool | 1,482 | 1.010 | 12 |" in table
-    assert "| agentic-grpo | 1 | 3x | rolloutpool | 2,000 | 1.010 | 12 |" in table
-    assert "| agentic-grpo | - | 3x | rolloutpool | 1,482 | 1.010 | 12 |" in table  # a sweep without its points
+    assert "| agentic-grpo | 0.25 | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table
+    assert "| agentic-grpo | 1 | 3x | rolloutpool | 2,000 | 1.010 | - | 12 |" in table
+    assert "| agentic-grpo | - | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table  # a sweep without its points
+    assert bench_commands({"command": "rolloutpool bench --load 3"}) == ["- `rolloutpool bench --load 3`"]
+
+
+def test_the_bench_table_gives_the_medians_of_repeated_runs_and_each_runs_ratio(tmp_path: Path) -> None:
+    def run(ratio: float, tokens: float) -> dict[str, Any]:
+        rows = [{"scenario": "agentic-grpo", "load": 2.0, "router": "vllm-sticky-least-loaded", "tokens_per_s": 1000.0,
+                 "ratio": 1.0, "evicted_pct": 26.0},
+                {"scenario": "agentic-grpo", "load": 2.0, "router": "rolloutpool", "tokens_per_s": tokens,
+                 "ratio": ratio, "evicted_pct": 25.0}]  # fmt: skip
+        point = {"scenario": "agentic-grpo", "load": 2.0, "config": {"context_scale": 0.25}, "runs": [{"big": 1}]}
+        return {"command": f"rolloutpool bench --load 2 --out r{ratio}", "ratios": rows, "points": [point]}
+
+    paths = []
+    for i, (ratio, tokens) in enumerate(((0.987, 999.0), (1.004, 1010.0), (0.995, 1001.0))):
+        path = tmp_path / f"run{i}" / "bench.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(run(ratio, tokens)))
+        paths.append(str(path))
+    out = tmp_path / "combined"
+    result = CliRunner().invoke(bench_command, [arg for p in paths for arg in ("--combine", p)] + ["--out", str(out)])
+    assert result.exit_code == 0, result.output
+    combined = json.loads((out / "combined.json").read_text())
+    assert combined["points"] == [{"scenario": "agentic-grpo", "load": 2.0, "config": {"context_scale": 0.25}}]
+    table = bench_table([combined])
+    assert "| agentic-grpo | 0.25 | 2x | rolloutpool | 1,001 | 0.995 | 0.987 / 1.004 / 0.995 | 25 |" in table
+    assert bench_commands(combined) == [
+        f"- `rolloutpool bench --load 2 --out r{r}` (run {i} of 3; the table gives medians)"
+        for i, r in ((1, 0.987), (2, 1.004), (3, 0.995))
+    ]
 
 
 def test_the_block_between_the_markers_is_replaced_and_a_file_without_them_is_refused() -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -88,16 +88,25 @@ def _combine(paths: tuple[Path, ...], out_dir: Path) -> None:
     from rolloutpool.dev.bench.sweep import median_rows  # noqa: PLC0415
     from rolloutpool.dev.bench.sweep_report import median_markdown, write_combined_outputs  # noqa: PLC0415
 
-    runs = []
+    runs: list[list[dict[str, Any]]] = []
+    points: dict[tuple[str, float], dict[str, Any]] = {}
+    commands: list[str] = []
     for path in paths:
         try:
             document = json.loads(path.read_text())
             runs.append(document["ratios"])
+            for point in document.get("points") or []:  # what ran (scenario, load, config), not its runs
+                key = (point["scenario"], point["load"])
+                points.setdefault(key, {"scenario": key[0], "load": key[1], "config": point.get("config")})
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise click.UsageError(f"{path}: not the bench.json of a multi-point run ({err})") from err
+        if document.get("command"):
+            commands.append(str(document["command"]))
     rows = median_rows(runs)
     click.echo("\n".join(median_markdown(rows)))
-    written = write_combined_outputs(rows, [str(p) for p in paths], out_dir)
+    written = write_combined_outputs(
+        rows, [str(p) for p in paths], out_dir, points=list(points.values()), commands=commands
+    )
     click.echo("Wrote " + ", ".join(map(str, written)))
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEERS", "bench_table", "main", "misses", "replace_block", "sim_table"]
+__all__ = ["PEERS", "bench_commands", "bench_table", "main", "misses", "replace_block", "sim_table"]
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 BASELINE, OURS, ADAPTIVE, BOUND = "sticky-least-loaded", "rolloutpool", "adaptive", "no-eviction"
@@ -152,32 +152,44 @@ def sim_table(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
 
 
 def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``) (pure).
+    """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``, or the
+    ``combined.json`` of ``bench --combine`` over repeated runs) (pure).
 
     Per scenario, context scale, load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded
-    the bench computed, and the share of prefilled tokens that were re-prefill of evicted context.
+    the bench computed, and the share of prefilled tokens that were re-prefill of evicted context; for repeated runs,
+    the median of each figure and every run's own ratio.
     """
     lines = [
         "| scenario | context scale | load | router | generated tok/s | / vllm-router sticky least-loaded "
-        "| re-prefilled % |",
-        "|---|--:|--:|---|--:|--:|--:|",
+        "| ratio per run | re-prefilled % |",
+        "|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     for document in documents:
         scales = {
             (str(p.get("scenario")), float(p.get("load", 0))): (p.get("config") or {}).get("context_scale")
             for p in document.get("points") or []
         }
-        for row in document.get("ratios") or []:
+        for row in document.get("rows", document.get("ratios")) or []:
             rate = row.get("tokens_per_s")
             pct = row.get("evicted_pct")
             scale = scales.get((str(row["scenario"]), float(row["load"])))
+            each = row.get("ratios")
             lines.append(
                 f"| {row['scenario']} | {'-' if scale is None else f'{float(scale):g}'} | {float(row['load']):g}x | "
                 f"{row['router']} | "
                 f"{'-' if rate is None else f'{rate:,.0f}'} | {_ratio(row.get('ratio'))} | "
+                f"{'-' if not each else ' / '.join(_ratio(r) for r in each)} | "
                 f"{'-' if pct is None else f'{pct:.0f}'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def bench_commands(document: Mapping[str, Any]) -> list[str]:
+    """Markdown list items of the commands behind a bench document: its own, or each repeated run's (pure)."""
+    commands = document.get("commands")
+    if not commands:
+        return [f"- `{document.get('command', '?')}`"]
+    return [f"- `{c}` (run {i} of {len(commands)}; the table gives medians)" for i, c in enumerate(commands, 1)]
 
 
 def first_rows(
@@ -230,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bench:
         documents = [json.loads(p.read_text()) for p in args.bench]
         block += "\n### Real processes (`rolloutpool bench`, four engine-sims)\n\n" + bench_table(documents)
-        block += "\n" + "".join(f"- `{d.get('command', '?')}`\n" for d in documents)
+        block += "\n" + "".join(f"{line}\n" for d in documents for line in bench_commands(d))
     if args.write is None:
         print(block)
     else:

@@ -130,11 +130,23 @@ def write_sweep_outputs(sweep: SweepResult, out_dir: Path, *, plot: bool = True)
     return paths
 
 
-def write_combined_outputs(rows: list[dict[str, Any]], sources: list[str], out_dir: Path) -> list[Path]:
-    """Write ``combined.json``, ``combined.md`` and ``combined.png`` of median rows; return their paths."""
+def write_combined_outputs(
+    rows: list[dict[str, Any]],
+    sources: list[str],
+    out_dir: Path,
+    *,
+    points: list[dict[str, Any]] | None = None,
+    commands: list[str] | None = None,
+) -> list[Path]:
+    """Write ``combined.json``, ``combined.md`` and ``combined.png`` of median rows; return their paths.
+
+    ``points`` (each point's scenario, load and config) and ``commands`` (each source run's) say what ran, for the
+    results table of docs/benchmarks.md (:mod:`rolloutpool.dev.bench.results_table`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "combined.json", out_dir / "combined.md"
-    json_path.write_text(json.dumps({"sources": sources, "baseline": BASELINE, "rows": rows}, indent=2) + "\n")
+    document = {"sources": sources, "baseline": BASELINE, "rows": rows, "points": points or []}
+    document["commands"] = commands or []
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
     lines = ["# rolloutpool bench: medians over repeated runs", "", *(f"- `{s}`" for s in sources), ""]
     lines += median_markdown(rows)
     lines += ["", f"Medians over the runs; each ratio is over {BASELINE} within its own run, then the median."]
