@@ -13,7 +13,7 @@ import pytest
 
 from rolloutpool.dev.bench.client import observation_text, prompt_text, reprefilled_tokens
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, percentile
-from rolloutpool.dev.bench.peers import OURS, RouterLaunch, program_scheduling_config, vllm_router_argv
+from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, program_scheduling_config, vllm_router_argv
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.bench.report import markdown, result_json
 from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
@@ -270,3 +270,34 @@ def test_bench_command_checks_its_inputs_before_starting_anything(tmp_path: Path
     missing = runner.invoke(bench_command, ["--vllm-router-bin", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert missing.exit_code == 2
     assert "not found" in missing.output
+
+
+def test_with_kv_events_the_engines_publish_and_our_router_subscribes_to_each(tmp_path: Path) -> None:
+    config = BenchConfig(
+        scenario=scaled_scenario(scenario("tool-chat"), context_scale=0.25, max_model_len=2048),
+        routers=(OURS,),
+        replicas=2,
+        kv_capacity_tokens=8192,
+        time_scale=20.0,
+        duration_s=4.0,
+        load=2.0,
+        scrape_interval_s=0.2,
+        out_dir=tmp_path,
+        overhead=None,
+        kv_events=True,
+    )
+    result = run_bench(config, lambda _message: None)
+    (run,) = result.runs
+    assert run.completed > 0
+    assert run.errors == 0
+    assert run.leftover_pids == []
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / OURS).glob("*.log"))
+    assert "Subscribed to KV events replica=r0" in logs
+    assert "Subscribed to KV events replica=r1" in logs
+    assert "unreliable" not in logs
+    plain = our_router_argv(
+        RouterLaunch(replica_urls=("http://127.0.0.1:1",), port=2, kv_capacity_tokens=8192, max_model_len=2048,
+                     time_scale=1.0, scrape_interval_s=0.5, queue_timeout_s=60.0),
+        prefix=["rolloutpool"],
+    )  # fmt: skip
+    assert "--kv-events" not in plain  # off by default: our router presumes a prefix it let go is gone

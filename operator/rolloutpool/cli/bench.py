@@ -178,6 +178,11 @@ def _simulate(
     help="The engine-sims' --prefill-cost-scale: multiply what prefill tokens cost (0.5 halves, 2.0 doubles).",
 )  # fmt: skip
 @click.option(
+    "--kv-events/--no-kv-events", default=False, show_default=True,
+    help="The engine-sims publish KV events and our router subscribes (as a RolloutPool deploys them); off: our "
+    "router presumes a prefix it let go is gone.",
+)  # fmt: skip
+@click.option(
     "--load",
     "loads",
     type=click.FloatRange(min=0.01),
@@ -235,6 +240,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     duration_s: float,
     in_flight: int,
     prefill_cost_scale: float,
+    kv_events: bool,
     loads: tuple[float, ...],
     seed: int,
     engine_seed: int,
@@ -294,6 +300,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
                 out_dir=out_dir,
                 context_scale=context_scale,
                 prefill_cost_scale=prefill_cost_scale,
+                kv_events=kv_events,
                 overhead=OverheadConfig(
                     concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice
                 )

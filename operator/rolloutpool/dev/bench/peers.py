@@ -99,6 +99,8 @@ class RouterLaunch:
     """Our router's admin token (``rolloutpool-adaptive`` writes the operator's caps through the admin API)."""
     cost: CostModel | None = None
     """The engine-sims' step-time model (vllm-router's program scheduling is calibrated to it); None: the default."""
+    kv_events: tuple[str, ...] = ()
+    """Our router's ``--kv-events`` subscriptions (``NAME=tcp://HOST:PORT,tcp://HOST:REPLAY_PORT``), if any."""
 
 
 def uses_vllm_router(name: str) -> bool:
@@ -140,6 +142,8 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str], turn_scheduler: 
     ]  # fmt: skip
     if launch.admin_token_file is not None:
         argv += ["--admin-token-file", launch.admin_token_file]
+    for subscription in launch.kv_events:
+        argv += ["--kv-events", subscription]
     return argv
 
 

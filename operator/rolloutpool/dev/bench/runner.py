@@ -22,6 +22,7 @@ from rolloutpool.capacity import conservative_cap
 from rolloutpool.dev.bench.adaptive import bench_pool_spec, samples
 from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
 from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
+from rolloutpool.dev.bench.kv_residency import kv_events_config
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
 from rolloutpool.dev.bench.peers import (
     ADAPTIVE,
@@ -115,6 +116,10 @@ class BenchConfig:
     """How ``scenario`` was scaled (reported only)."""
     prefill_cost_scale: float = 1.0
     """The engine-sims' ``--prefill-cost-scale``: what prefill costs in their step-time model (0.5 halves)."""
+    kv_events: bool = False
+    """Every engine-sim publishes KV events (``--kv-events-config``) and our router subscribes (``--kv-events``), as
+    a RolloutPool deploys them by default (``spec.router.kvEvents``); off: our router presumes a prefix it let go is
+    gone. vllm-router does not read them."""
 
     @property
     def engine_cost(self) -> CostModel:
@@ -275,10 +280,17 @@ def _summarize(name: str, config: BenchConfig, result: ClientResult, deltas: dic
 
 
 def _engine_argv(
-    config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int, continuum: str | None = None
+    config: BenchConfig,
+    port: int,
+    *,
+    time_scale: float,
+    kv_tokens: int,
+    continuum: str | None = None,
+    kv_events: tuple[int, int] | None = None,
 ) -> list[str]:
     pins = [] if continuum is None else ["--continuum", continuum]  # Continuum's engines (a peer)
-    return [*_plain_engine_argv(config, port, time_scale=time_scale, kv_tokens=kv_tokens), *pins]
+    events = [] if kv_events is None else ["--kv-events-config", kv_events_config(*kv_events)]
+    return [*_plain_engine_argv(config, port, time_scale=time_scale, kv_tokens=kv_tokens), *pins, *events]
 
 
 def _plain_engine_argv(config: BenchConfig, port: int, *, time_scale: float, kv_tokens: int) -> list[str]:
@@ -314,6 +326,7 @@ def _launch(
     kv_tokens: int,
     max_model_len: int | None,
     admin_token_file: str | None = None,
+    kv_events: tuple[str, ...] = (),
 ) -> RouterLaunch:
     cost = config.engine_cost  # vllm-router's program scheduling is calibrated to it
     return RouterLaunch(
@@ -328,6 +341,7 @@ def _launch(
         cost=cost,
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
+        kv_events=kv_events,
     )
 
 
@@ -335,16 +349,19 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
     """One configuration on fresh engines; every process is gone when it returns."""
     procs = ProcessSet(config.out_dir / "logs" / name)
     with procs:
-        engine_urls = []
+        engine_urls, subscriptions = [], []
         for i in range(config.replicas):
             port = free_port()
+            events = (free_port(), free_port()) if config.kv_events else None
             argv = _engine_argv(
                 config, port, time_scale=config.time_scale, kv_tokens=config.kv_capacity_tokens,
-                continuum=CONTINUUM.get(name),
+                continuum=CONTINUUM.get(name), kv_events=events,
             )  # fmt: skip
             url = f"http://{LOOPBACK}:{port}"
             procs.start(f"engine-{i}", argv, ready_url=f"{url}/health", timeout_s=config.ready_timeout_s)
             engine_urls.append(url)
+            if events is not None:
+                subscriptions.append(f"r{i}=tcp://{LOOPBACK}:{events[0]},tcp://{LOOPBACK}:{events[1]}")
         token, token_file = admin_token(procs.log_dir) if name == ADAPTIVE else (None, None)
         launch = _launch(
             config,
@@ -352,6 +369,7 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
             kv_tokens=config.kv_capacity_tokens,
             max_model_len=config.max_model_len,
             admin_token_file=None if token_file is None else str(token_file),
+            kv_events=tuple(subscriptions),
         )
         router_url = _start_router(procs, name, launch, config)
         law = None
