@@ -300,4 +300,6 @@ def test_with_kv_events_the_engines_publish_and_our_router_subscribes_to_each(tm
                      time_scale=1.0, scrape_interval_s=0.5, queue_timeout_s=60.0),
         prefix=["rolloutpool"],
     )  # fmt: skip
-    assert "--kv-events" not in plain  # off by default: our router presumes a prefix it let go is gone
+    assert "--kv-events" not in plain  # a launch without subscriptions: our router presumes a prefix it let go is gone
+    assert BenchConfig(scenario=scenario("tool-chat"), routers=(OURS,)).kv_events  # on by default, as deployed
+    assert json.loads(json.dumps(result.config))["kv_events"] is True

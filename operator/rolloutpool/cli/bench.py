@@ -178,9 +178,9 @@ def _simulate(
     help="The engine-sims' --prefill-cost-scale: multiply what prefill tokens cost (0.5 halves, 2.0 doubles).",
 )  # fmt: skip
 @click.option(
-    "--kv-events/--no-kv-events", default=False, show_default=True,
-    help="The engine-sims publish KV events and our router subscribes (as a RolloutPool deploys them); off: our "
-    "router presumes a prefix it let go is gone.",
+    "--kv-events/--no-kv-events", default=True, show_default=True,
+    help="The engine-sims publish KV events and our router subscribes, as a RolloutPool deploys them by default "
+    "(spec.router.kvEvents); --no-kv-events: our router presumes a prefix it let go is gone.",
 )  # fmt: skip
 @click.option(
     "--load",

@@ -204,8 +204,11 @@ class Ledger:
 
         A cap at or under the live count admits nothing new and stays valid, so only a cap above it is recomputed
         (under load that is one comparison; otherwise a pass over the replica's idle sessions). The new cap can also
-        be higher (leases ended since the last recompute); sessions queued for it are admitted at the next tick or
-        event, as before.
+        be higher (leases ended since the last recompute), but that never strands a queued session here: while one
+        is queued no replica accepts new sessions (:meth:`admit` would have placed the head): each has its cap at or
+        under its live count, so this recompute does not run, or takes none for a reason a higher cap cannot lift
+        (quarantined, draining, not ready). Room that ended leases free while sessions queue is found at the next
+        tick (once per scrape round, 1 s by default).
         """
         replica = self.table.replicas.get(name)
         if self.work is not None and replica is not None and (replica.cap is None or replica.cap > replica.live):

@@ -83,7 +83,8 @@ def _title(result: BenchResult) -> str:
     return (
         f"bench: {c['scenario']} (contexts x{c.get('context_scale', 1)}), {c['replicas']} engine-sim replicas x "
         f"{c['kv_capacity_tokens']:,} KV tokens, maxModelLen {c['max_model_len']}, {c['in_flight']} in flight "
-        f"(floor {c['fleet_floor']}), time scale {c['time_scale']:g}, {c['duration_s']:g} s wall each"
+        f"(floor {c['fleet_floor']}), time scale {c['time_scale']:g}, {c['duration_s']:g} s wall each, KV events "
+        f"{'on' if c.get('kv_events') else 'off'}"
     )
 
 

@@ -116,7 +116,7 @@ class BenchConfig:
     """How ``scenario`` was scaled (reported only)."""
     prefill_cost_scale: float = 1.0
     """The engine-sims' ``--prefill-cost-scale``: what prefill costs in their step-time model (0.5 halves)."""
-    kv_events: bool = False
+    kv_events: bool = True
     """Every engine-sim publishes KV events (``--kv-events-config``) and our router subscribes (``--kv-events``), as
     a RolloutPool deploys them by default (``spec.router.kvEvents``); off: our router presumes a prefix it let go is
     gone. vllm-router does not read them."""
@@ -458,6 +458,7 @@ def describe(config: BenchConfig) -> dict[str, object]:
         "scenario": s.name,
         "context_scale": config.context_scale,
         "prefill_cost_scale": config.prefill_cost_scale,
+        "kv_events": config.kv_events,
         "group_size": s.group_size,
         "prompt_tokens": [s.prompt_tokens.median, s.prompt_tokens.p90],
         "action_tokens": [s.action_tokens.median, s.action_tokens.p90],
