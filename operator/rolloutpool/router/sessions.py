@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from rolloutpool.router.admission import (
     AdmissionError,
@@ -27,7 +26,8 @@ from rolloutpool.router.admission import (
 )
 from rolloutpool.router.config import ReplicaSpec, RouterConfig, ledger_config
 from rolloutpool.router.engine_reports import observe_cached_report
-from rolloutpool.router.instruments import ReplicaGauges, RouterMetrics, TurnGauges
+from rolloutpool.router.instruments import RouterMetrics
+from rolloutpool.router.replicas import ReplicaRuntime, replica_gauges
 from rolloutpool.router.trace_writer import TraceWriter
 from rolloutpool.router.types import Clock
 from rolloutpool.routing.discovery import OperatorLimit
@@ -43,11 +43,9 @@ from rolloutpool.routing.events import (
     Resumed,
     Withdrawn,
 )
-from rolloutpool.routing.ledger import Ledger, ReplicaLimits, Usage
+from rolloutpool.routing.ledger import Ledger, Usage
 from rolloutpool.routing.peers.registry import make_scheduler, placement_for
 from rolloutpool.routing.policies import Placement, SessionAware
-from rolloutpool.routing.quarantine import PressureState
-from rolloutpool.routing.reprefill import CachedTokensWatch
 from rolloutpool.routing.table import ReplicaState, Session, SessionTable
 from rolloutpool.routing.weights import WeightTracker
 
@@ -56,60 +54,12 @@ __all__ = [
     "QueueFullError",
     "QueueTimeoutError",
     "ReleasedWhileQueuedError",
-    "ReplicaRuntime",
     "SessionManager",
     "ShuttingDownError",
     "Usage",
 ]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReplicaRuntime:
-    """What the router knows about a replica beyond the ledger (its URL, scrapes); limits are the ledger's."""
-
-    spec: ReplicaSpec
-    limits: ReplicaLimits
-    """The ledger's record of this replica (capacity, block size, pressure, operator limits)."""
-    scrape_failures: int = 0
-    """Consecutive failed scrapes."""
-    last_scrape: float | None = None
-    signals: dict[str, float] = field(default_factory=dict)
-    """Last scraped signals, for the admin API."""
-    unready_reason: str | None = None
-    cached_watch: CachedTokensWatch = field(default_factory=CachedTokensWatch)
-    """Whether the replica's responses ever carry ``cached_tokens`` (warned about once)."""
-
-    @property
-    def prefix_caching(self) -> bool | None:
-        """The engine's ``enable_prefix_caching`` (scraped; None until reported)."""
-        return self.limits.prefix_caching
-
-    @prefix_caching.setter
-    def prefix_caching(self, value: bool | None) -> None:
-        self.limits.prefix_caching = value
-
-    @property
-    def pressure(self) -> PressureState:
-        """The router's fast quarantine state of the replica."""
-        assert self.limits.pressure is not None  # noqa: S101 -- the router runs it (but with a peer's scheduler)
-        return self.limits.pressure
-
-    @property
-    def block_size(self) -> int:
-        """Block size reported by the replica (or the default)."""
-        return self.limits.block_size
-
-    @property
-    def capacity_tokens(self) -> int | None:
-        """Reported KV capacity."""
-        return self.limits.capacity_tokens
-
-    @property
-    def operator(self) -> OperatorLimit | None:
-        """Cap and quarantine the operator wrote into the RolloutPool status, if any."""
-        return self.limits.operator
 
 
 class SessionManager:
@@ -136,7 +86,7 @@ class SessionManager:
         """(replica, session) -> its context still cached there, from the engines' KV events (None: unknown)."""
         for spec in config.replicas:
             self.add_replica(spec)
-        metrics.watch(self._gauges, lambda: len(self.ledger.queue))
+        metrics.watch(lambda: replica_gauges(self.ledger, self.runtime), lambda: len(self.ledger.queue))
 
     @property
     def table(self) -> SessionTable:
@@ -259,34 +209,6 @@ class SessionManager:
     def any_ready(self) -> bool:
         """Whether at least one replica is ready."""
         return any(r.ready for r in self.table.replicas.values())
-
-    def _gauges(self) -> Iterator[ReplicaGauges]:
-        work = self.ledger.work
-        for r in self.table.replicas.values():
-            own = self.runtime.get(r.name)  # the router's own fast quarantine, without the operator's
-            state = None if own is None else own.limits.pressure  # None: a peer's scheduler runs without it
-            pressure = (state.reason or "Unknown") if state is not None and state.quarantined else None
-            turns = None
-            if work is not None and r.name in work.replicas:
-                w = work.replicas[r.name]
-                decisions = {
-                    "held": w.holds,
-                    "resumed": w.resumes,
-                    "forced": w.forced,
-                    "let_go": w.lets_go,
-                    "moved": w.moves,
-                }
-                budget = w.budget(work.config.target)
-                turns = TurnGauges(
-                    w.counted,
-                    budget,
-                    len(w.held),
-                    w.kept,
-                    len(w.out),
-                    decisions,
-                    self.ledger.let_go_reprefill.get(r.name, 0),
-                )
-            yield ReplicaGauges(r.name, r.live, r.cap, r.quarantined, r.ready, r.draining, r.inflight, pressure, turns)
 
     # -- placement and admission -------------------------------------------------------
 
