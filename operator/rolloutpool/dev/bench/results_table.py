@@ -155,14 +155,15 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``, or the
     ``combined.json`` of ``bench --combine`` over repeated runs) (pure).
 
-    Per scenario, context scale, KV events (our router subscribed or not), load and router: generated tokens/s, the
-    ratio over vllm-router sticky least-loaded the bench computed, and the share of prefilled tokens that were
-    re-prefill of evicted context; for repeated runs, the median of each figure and every run's own ratio.
+    Per scenario, context scale, prefill cost (the engine-sims' ``--prefill-cost-scale``), KV events (our router
+    subscribed or not), load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded the
+    bench computed, and the share of prefilled tokens that were re-prefill of evicted context; for repeated runs,
+    the median of each figure and every run's own ratio.
     """
     lines = [
-        "| scenario | context scale | KV events | load | router | generated tok/s "
+        "| scenario | context scale | prefill cost | KV events | load | router | generated tok/s "
         "| / vllm-router sticky least-loaded | ratio per run | re-prefilled % |",
-        "|---|--:|---|--:|---|--:|--:|--:|--:|",
+        "|---|--:|--:|---|--:|---|--:|--:|--:|--:|",
     ]
     for document in documents:
         configs = {
@@ -174,10 +175,11 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
             pct = row.get("evicted_pct")
             config = configs.get((str(row["scenario"]), float(row["load"])), {})
             scale = config.get("context_scale")
+            price = "-" if not config else f"x{float(config.get('prefill_cost_scale', 1.0)):g}"
             events = "-" if not config else "on" if config.get("kv_events") else "off"  # absent: made before the flag
             each = row.get("ratios")
             lines.append(
-                f"| {row['scenario']} | {'-' if scale is None else f'{float(scale):g}'} | {events} | "
+                f"| {row['scenario']} | {'-' if scale is None else f'{float(scale):g}'} | {price} | {events} | "
                 f"{float(row['load']):g}x | {row['router']} | "
                 f"{'-' if rate is None else f'{rate:,.0f}'} | {_ratio(row.get('ratio'))} | "
                 f"{'-' if not each else ' / '.join(_ratio(r) for r in each)} | "
