@@ -23,7 +23,7 @@ from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Placement, SessionAware
 from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.table import Session
-from rolloutpool.routing.workingset import WorkingSetConfig
+from rolloutpool.routing.workingset import Phase, WorkingSetConfig
 
 _NAMES = ("r0", "r1", "r2", "r3")
 _IDS = st.sampled_from([f"s{i}" for i in range(12)])
@@ -129,7 +129,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(sid=_IDS)
     def turn_starts(self, sid: str) -> None:
         session = self.ledger.lookup(sid)
-        if session is not None:
+        if session is not None and sid not in self.held.values():  # a held request starts only once resumed
             self.ledger.turn_started(session)
             self.turns.append(session)
 
@@ -166,7 +166,7 @@ class LedgerMachine(RuleBasedStateMachine):
         ticket = data.draw(st.sampled_from(sorted(self.held)))
         sid = self.held.pop(ticket)
         before = self._live()
-        assert self.ledger.cancel_held(sid, now=self._tick())
+        assert self.ledger.cancel_held(sid, now=self._tick(), ticket=ticket)
         assert self.ledger.lookup(sid) is not None  # the session stays; only its turn left
         self._check_events(before)
 
@@ -188,6 +188,9 @@ class LedgerMachine(RuleBasedStateMachine):
         lost = self.ledger.remove_replica(name)
         assert {s.session_id for s in lost} == held
         for event in self.ledger.take_events():
+            if isinstance(event, Withdrawn):  # a held turn of a session lost with its replica
+                assert self.held.pop(event.ticket) == event.session_id
+                continue
             assert isinstance(event, Released)
             assert event.how == "replica_lost"
 
@@ -306,8 +309,45 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def held_turns_match_the_model(self) -> None:
         assert set(self.ledger.held) == set(self.held.values())
-        for sid in self.held.values():
+        for ticket, sid in self.held.items():
+            assert ticket in self.ledger.held[sid], f"ticket {ticket} of {sid} is no longer held"
             assert self.ledger.lookup(sid) is not None
+
+    @invariant()
+    def working_sets_add_up(self) -> None:
+        """Each replica's working set is its sessions' tokens (a group's shared prompt once), and the phases, the
+        replica's sets and the ledger's held turns agree."""
+        work = self.ledger.work
+        if work is None:
+            return
+        table = self.ledger.table
+        assert set(work.replicas) == set(table.replicas)
+        for sid, tracked in work.sessions.items():
+            session = table.sessions.get(sid)
+            assert session is not None, f"{sid} in a working set, not live"
+            assert session.replica == tracked.replica, (
+                f"{sid}: bound on {session.replica}, counted on {tracked.replica}"
+            )
+            assert tracked.counted >= 0
+            if tracked.phase in (Phase.LET_GO, Phase.HELD):
+                assert tracked.counted == 0, sid
+        for name, replica in work.replicas.items():
+            mine = {sid: t for sid, t in work.sessions.items() if t.replica == name}
+            groups: dict[str, int] = {}
+            for t in mine.values():
+                if t.group is not None and t.shared and t.counted > 0:
+                    groups[t.group] = groups.get(t.group, 0) + 1
+            assert {g: entry[0] for g, entry in replica.groups.items()} == groups, name
+            shared = sum((n - 1) * replica.groups[g][1] for g, n in groups.items())
+            assert replica.counted == sum(t.counted for t in mine.values()) - shared, name
+            assert replica.members == len(mine), name
+            assert set(replica.idle) == {sid for sid, t in mine.items() if t.phase is Phase.IDLE}, name
+            assert set(replica.held) == {sid for sid, t in mine.items() if t.phase is Phase.HELD}, name
+            assert replica.out == {sid for sid, t in mine.items() if t.phase in (Phase.LET_GO, Phase.HELD)}, name
+            assert work.releasable(name, now=self.ledger.now) <= replica.counted, name  # what letting go frees
+            if replica.held:  # a replica holding turns takes no new session
+                assert not table.replicas[name].accepts_new(), name
+        assert set(self.ledger.held) == {sid for sid, t in work.sessions.items() if t.phase is Phase.HELD}
 
 
 class TurnLedgerMachine(LedgerMachine):
@@ -316,10 +356,70 @@ class TurnLedgerMachine(LedgerMachine):
     working_set = WorkingSetConfig()
 
 
+class PressuredTurnLedgerMachine(TurnLedgerMachine):
+    """The same under KV pressure: small targets, short leases and contexts that grow fast, so turns are held,
+    resumed (and forced past the hold limit), idle prefixes let go and sessions moved (the defaults on 4,096-token
+    replicas hold nothing)."""
+
+    working_set = WorkingSetConfig(
+        target=0.6,
+        limit=0.9,
+        keep_s=3.0,
+        keep_quantile=None,
+        prefill_tokens_per_s=None,
+        hold_limit_s=25.0,
+        fair_after_s=6.0,
+        first_context=512,
+        growth=256,
+    )
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data(), grow=st.integers(min_value=0, max_value=2500), cached=st.integers(min_value=0, max_value=600))
+    def turn_grows(self, data: st.DataObject, grow: int, cached: int) -> None:
+        session = self.turns.pop(data.draw(st.integers(min_value=0, max_value=len(self.turns) - 1)))
+        before = self._live()
+        self.ledger.finish_turn(session, now=self._tick(), usage=Usage(session.context_tokens + grow, 50, cached))
+        self.ledger.turn_ended(session, now=self.now)
+        self._check_events(before)
+
+    @rule(
+        turns=st.lists(
+            st.tuples(_IDS, st.integers(min_value=0, max_value=2500), st.floats(min_value=0.0, max_value=8.0)),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    def whole_turns(self, turns: list[tuple[str, int, float]]) -> None:
+        """Turns arrive one after another and, when served, run to their end at once, tool gaps between them (the
+        cycle that builds working sets up and makes the scheduler hold, let go and move)."""
+        for sid, grow, gap in turns:
+            self.now += gap
+            self._arrive(sid, one_turn=False)
+            session = self.ledger.lookup(sid)
+            work = self.ledger.work
+            if session is None or work is None or sid in self.held.values() or work.phase(sid) is not Phase.GENERATING:
+                continue
+            before = self._live()
+            prompt = session.context_tokens + grow if session.context_tokens else 600  # a GRPO group shares its prompt
+            self.ledger.turn_started(session)
+            self.ledger.finish_turn(session, now=self._tick(), usage=Usage(prompt, 50, 0))
+            self.ledger.turn_ended(session, now=self.now)
+            self._check_events(before)
+
+    @rule(seconds=st.floats(min_value=0.0, max_value=30.0))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        before = self._live()
+        self.ledger.tick(now=self._tick())
+        self._check_events(before)
+
+
 TestLedgerProperties = LedgerMachine.TestCase
 TestLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 TestTurnLedgerProperties = TurnLedgerMachine.TestCase
 TestTurnLedgerProperties.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+TestPressuredTurnLedgerProperties = PressuredTurnLedgerMachine.TestCase
+TestPressuredTurnLedgerProperties.settings = settings(max_examples=200, stateful_step_count=80, deadline=None)
 
 
 def test_a_returning_turn_lowers_a_cap_raised_by_the_operator() -> None:

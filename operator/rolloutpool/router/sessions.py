@@ -286,7 +286,7 @@ class SessionManager:
             self._waiters.pop(ticket, None)
             if not future.done():
                 future.cancel()
-                self.ledger.cancel_held(session_id, now=self.clock())
+                self.ledger.cancel_held(session_id, now=self.clock(), ticket=ticket)
                 self._dispatch()
             raise
         self.metrics.hold_wait.observe(self.clock() - held)

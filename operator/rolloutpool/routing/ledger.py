@@ -103,8 +103,8 @@ class Ledger(ReplicaControls):
         self.work = _turn_scheduler(config)
         """Turn-level scheduling: working sets, held turns, prefixes let go (routing/workingset.py; a peer's,
         routing/peers/, when ``config.scheduler`` is set)."""
-        self.held: dict[str, int] = {}
-        """Session id -> the ticket of its held turn."""
+        self.held: dict[str, list[int]] = {}
+        """Session id -> the tickets of its held turn, oldest first (one per request of the turn that waits)."""
         self.let_go_reprefill: dict[str, int] = {}
         """Per replica: tokens re-prefilled by sessions whose prefix the working set let go (by decision)."""
         self._holding = False
@@ -186,7 +186,7 @@ class Ledger(ReplicaControls):
             replica = self.table.replicas.get(current.replica)
             if replica is not None and replica.ready:
                 if self.policy.sticky:
-                    return self._return(current, now=now, resident=placement.resident_tokens)
+                    return self._return(current, now=now, resident=placement.resident_tokens, turns=placement.turns)
                 return self._route_again(current, placement, now=now)
             self._drop(current, "replaced", now=now)
         if self.closed:
@@ -201,19 +201,26 @@ class Ledger(ReplicaControls):
         self.queue.append(Waiting(self._tickets, placement, now, one_turn))
         return Queued(self._tickets)
 
-    def _return(self, current: Session, *, now: float, resident: int | None) -> Arrival:
+    def _return(self, current: Session, *, now: float, resident: int | None, turns: bool = True) -> Arrival:
         """A live session's turn on its replica: served now, or held for room (routing/workingset.py)."""
         current.last_seen = now
         work = self.work
-        served = work is None or work.arrive(current.session_id, now=now, resident=resident)
+        served = work is None or not turns or work.arrive(current.session_id, now=now, resident=resident)
         self._room_taken(current.replica)
+        if work is not None and not served and self.closed:  # shutting down: close() withdrew every waiter
+            work.unhold(current.session_id, now=now)
+            return Rejected("shutting_down")
+        if work is not None and not served and current.session_id in self.held:  # another request of a held turn
+            self._tickets += 1  # waits with the first: it neither moves the session nor replaces that ticket
+            self.held[current.session_id].append(self._tickets)
+            return Held(self._tickets)
         if work is not None and not served:
             candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
             name = work.move_target(current.session_id, candidates, resident=resident, now=now)
             if name is not None:
                 return Bound(self._move(current, name, now=now), created=False)
             self._tickets += 1
-            self.held[current.session_id] = self._tickets
+            self.held[current.session_id] = [self._tickets]
             return Held(self._tickets)
         return Bound(self._follow(current, now=now), created=False)
 
@@ -333,7 +340,7 @@ class Ledger(ReplicaControls):
         while self.queue:
             waiting = self.queue.popleft()
             self.events.append(Withdrawn(waiting.ticket, waiting.placement.session_id, "shutting_down"))
-        for sid, ticket in sorted(self.held.items(), key=lambda item: item[1]):
+        for ticket, sid in sorted((t, sid) for sid, tickets in self.held.items() for t in tickets):
             self.events.append(Withdrawn(ticket, sid, "shutting_down"))
         self.held.clear()
 
@@ -361,18 +368,25 @@ class Ledger(ReplicaControls):
         self._drop(session, how, now=now)
         return session
 
-    def cancel_held(self, session_id: str, *, now: float) -> bool:
-        """A held turn's client gave up: the turn leaves the hold, the session stays (let go); whether it was held."""
-        if self.held.pop(session_id, None) is None or self.work is None:
+    def cancel_held(self, session_id: str, *, now: float, ticket: int | None = None) -> bool:
+        """A held request's client gave up (``ticket``; None: the oldest); whether it was held.
+
+        The turn leaves the hold with its last waiting request; the session stays (let go).
+        """
+        tickets = self.held.get(session_id)
+        if not tickets or self.work is None or (ticket is not None and ticket not in tickets):
             return False
+        tickets.remove(tickets[0] if ticket is None else ticket)
+        if tickets:
+            return True  # another request of the turn still waits
+        del self.held[session_id]
         self.work.unhold(session_id, now=now)
         self._resume(self.table.sessions[session_id].replica, now=now)
         return True
 
     def _unhold(self, session_id: str) -> None:
         """A held turn of a session that ends (or moves) leaves: its waiter is told."""
-        ticket = self.held.pop(session_id, None)
-        if ticket is not None:
+        for ticket in self.held.pop(session_id, ()):
             self.events.append(Withdrawn(ticket, session_id, "released"))
 
     def _drop(self, session: Session, how: str, *, now: float, admit: bool = True) -> None:
@@ -392,8 +406,12 @@ class Ledger(ReplicaControls):
             self.admit(now=now)
 
     def expire(self, *, now: float, idle_timeout: float) -> list[Session]:
-        """Release sessions idle longer than ``idle_timeout``; one with a request in flight is never idle."""
-        stale = [s for s in self.table.sessions.values() if s.inflight == 0 and now - s.last_seen > idle_timeout]
+        """Release sessions idle longer than ``idle_timeout``; one with a request in flight or held is never idle."""
+        stale = [
+            s
+            for s in self.table.sessions.values()
+            if s.inflight == 0 and s.session_id not in self.held and now - s.last_seen > idle_timeout
+        ]
         for session in stale:
             self._drop(session, "expired", now=now, admit=False)
         if stale:
@@ -501,10 +519,11 @@ class Ledger(ReplicaControls):
         self._now = now
         resumed = self.work.resume(name, now=now)
         for sid in resumed:
-            ticket = self.held.pop(sid, None)
+            tickets = self.held.pop(sid, ())
             session = self.table.sessions.get(sid)
-            if ticket is not None and session is not None:
-                self.events.append(Resumed(ticket, self._follow(session, now=now)))
+            if tickets and session is not None:
+                session = self._follow(session, now=now)
+                self.events.extend(Resumed(ticket, session) for ticket in tickets)
         if self._kv_cap(name) or resumed:
             self.admit(now=now)
 

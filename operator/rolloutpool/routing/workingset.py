@@ -292,11 +292,17 @@ class WorkingSet:
 
     def releasable(self, name: str, *, now: float) -> int:
         """Tokens of idle sessions that could be let go now (their lease ended)."""
-        sessions, total = self.sessions, 0
-        for sid in self.replicas[name].idle:
+        work, sessions, total = self.replicas[name], self.sessions, 0
+        grouped: dict[str, int] = {}
+        for sid in work.idle:
             tracked = sessions[sid]
             if tracked.until <= now:
                 total += tracked.counted
+                if tracked.group is not None and tracked.shared and tracked.counted > 0:
+                    grouped[tracked.group] = grouped.get(tracked.group, 0) + 1
+        for group, going in grouped.items():  # the group's prompt is freed only with its last counted member
+            members, shared = work.groups[group]
+            total -= min(going, members - 1) * shared
         return total
 
     def room_for_new(self, name: str, *, now: float) -> int | None:
