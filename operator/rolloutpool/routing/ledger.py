@@ -207,22 +207,22 @@ class Ledger(ReplicaControls):
         work = self.work
         served = work is None or not turns or work.arrive(current.session_id, now=now, resident=resident)
         self._room_taken(current.replica)
-        if work is not None and not served and self.closed:  # shutting down: close() withdrew every waiter
+        if work is None or served:
+            return Bound(self._follow(current, now=now), created=False)
+        if self.closed:  # shutting down: close() withdrew every waiter
             work.unhold(current.session_id, now=now)
             return Rejected("shutting_down")
-        if work is not None and not served and current.session_id in self.held:  # another request of a held turn
+        if current.session_id in self.held:  # another request of a held turn
             self._tickets += 1  # waits with the first: it neither moves the session nor replaces that ticket
             self.held[current.session_id].append(self._tickets)
             return Held(self._tickets)
-        if work is not None and not served:
-            candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
-            name = work.move_target(current.session_id, candidates, resident=resident, now=now)
-            if name is not None:
-                return Bound(self._move(current, name, now=now), created=False)
-            self._tickets += 1
-            self.held[current.session_id] = [self._tickets]
-            return Held(self._tickets)
-        return Bound(self._follow(current, now=now), created=False)
+        candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
+        name = work.move_target(current.session_id, candidates, resident=resident, now=now)
+        if name is not None:
+            return Bound(self._move(current, name, now=now), created=False)
+        self._tickets += 1
+        self.held[current.session_id] = [self._tickets]
+        return Held(self._tickets)
 
     def _follow(self, session: Session, *, now: float) -> Session:
         """A session the scheduler resumes on another replica (a peer's, routing/peers/) is bound there first."""
