@@ -120,3 +120,44 @@ def test_room_for_new_sessions_stays_within_the_budget_with_a_group_idle() -> No
     assert room is not None
     assert budget is not None
     assert room * ws.first_context <= budget
+
+
+# -- a second review: held turns of an unready replica, restored groups, a group's shared prompt, retries --------
+
+
+def test_a_held_turn_of_a_replica_gone_unready_waits_or_moves_and_is_never_resumed_there() -> None:
+    ledger, held = _held_a()
+    ledger.set_ready("r", False, now=22.5)
+    ledger.release("c", how="finish_session", now=23.0)  # room frees on r, but r serves nothing now
+    ledger.tick(now=500.0)  # past hold_limit_s: still not forced onto r
+    assert _answers(ledger.take_events(), held.ticket) == []
+    assert ledger.held == {"a": [held.ticket]}
+    ledger.add_replica("s", now=501.0, capacity_tokens=10_000)  # a ready replica with room
+    ledger.tick(now=502.0)
+    events = ledger.take_events()
+    resumed = [e for e in _answers(events, held.ticket) if isinstance(e, Resumed)]
+    assert [e.session.replica for e in resumed] == ["s"]
+    assert ledger.work is not None
+    assert ledger.work.sessions["a"].replica == "s"
+    assert ledger.work.phase("a") is Phase.GENERATING
+    assert ledger.table.sessions["a"].replica == "s"
+    assert ledger.held == {}
+
+
+def test_a_held_turn_waits_while_its_replica_is_unready_and_resumes_there_when_it_is_ready_again() -> None:
+    ledger, held = _held_a()
+    ledger.set_ready("r", False, now=22.5)
+    ledger.tick(now=500.0)
+    assert _answers(ledger.take_events(), held.ticket) == []
+    ledger.set_ready("r", True, now=501.0)
+    ledger.tick(now=502.0)  # ready again: served there (past hold_limit_s)
+    resumed = [e for e in _answers(ledger.take_events(), held.ticket) if isinstance(e, Resumed)]
+    assert [e.session.replica for e in resumed] == ["r"]
+
+
+def test_a_held_turn_of_a_removed_replica_is_withdrawn_not_resumed() -> None:
+    ledger, held = _held_a()
+    ledger.remove_replica("r")
+    ledger.tick(now=500.0)
+    answers = _answers(ledger.take_events(), held.ticket)
+    assert answers == [Withdrawn(held.ticket, "a", "released")]

@@ -513,11 +513,17 @@ class Ledger(ReplicaControls):
         return expected, shortfall
 
     def _resume(self, name: str, *, now: float) -> None:
-        """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left."""
+        """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left; a
+        replica not ready serves none: they move to a ready one with room (as in :meth:`_return`), or wait."""
         if self.work is None:
             return
         self._now = now
-        resumed = self.work.resume(name, now=now)
+        replica = self.table.replicas.get(name)
+        if replica is None or replica.ready:
+            resumed = self.work.resume(name, now=now)
+        else:
+            mine = [sid for sid in self.held if self.table.sessions[sid].replica == name]
+            resumed = [sid for sid in mine if self._move_held(sid, now=now)]
         for sid in resumed:
             tickets = self.held.pop(sid, ())
             session = self.table.sessions.get(sid)
@@ -526,6 +532,16 @@ class Ledger(ReplicaControls):
                 self.events.extend(Resumed(ticket, session) for ticket in tickets)
         if self._kv_cap(name) or resumed:
             self.admit(now=now)
+
+    def _move_held(self, sid: str, *, now: float) -> bool:
+        """A held turn of a replica not ready moves where it fits now (its cache is out of reach); whether it moved."""
+        assert self.work is not None  # noqa: S101 - only turn scheduling holds turns
+        candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
+        name = self.work.move_target(sid, candidates, resident=None, now=now)
+        if name is not None:
+            self.work.move(sid, name, now=now)
+            self._rebind(self.table.sessions[sid], name, now=now)
+        return name is not None
 
     def tick(self, *, now: float) -> None:
         """Time passed (once per scrape round): held turns that now fit or waited their limit go, caps follow."""
