@@ -92,7 +92,7 @@ def test_after_shutdown_a_turn_that_would_wait_is_refused_not_held() -> None:
     assert ledger.arrive(Placement("a"), now=22.0) == Rejected("shutting_down")
     assert ledger.held == {}
     assert ledger.work is not None
-    assert ledger.work.phase("a") is Phase.LET_GO
+    assert ledger.work.phase("a") is Phase.WITHDRAWN
 
 
 def test_what_letting_go_frees_counts_a_groups_shared_prompt_once() -> None:
@@ -161,3 +161,13 @@ def test_a_held_turn_of_a_removed_replica_is_withdrawn_not_resumed() -> None:
     ledger.tick(now=500.0)
     answers = _answers(ledger.take_events(), held.ticket)
     assert answers == [Withdrawn(held.ticket, "a", "released")]
+
+
+def test_a_retry_after_a_withdrawn_turn_is_not_taken_for_a_tool_time() -> None:
+    ledger, held = _held_a()  # a's gap (22 s) was observed when its turn arrived
+    assert ledger.work is not None
+    tool = ledger.work.tool
+    gaps = tool.sessions["a"].n, tool.count
+    assert ledger.cancel_held("a", now=30.0, ticket=held.ticket)  # its client gave up
+    ledger.arrive(Placement("a"), now=31.0)  # and retries the same turn
+    assert (tool.sessions["a"].n, tool.count) == gaps

@@ -159,7 +159,7 @@ class WorkingSet:
         work = self.replicas[tracked.replica]
         if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
             return tracked.phase is Phase.GENERATING  # a second request of a turn in flight, or still held
-        if tracked.context:  # a gap between two turns: its tool time
+        if tracked.context and tracked.phase is not Phase.WITHDRAWN:  # a gap between two turns: its tool time
             self.tool.observe(sid, now - tracked.since)
         tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:
@@ -371,12 +371,13 @@ class WorkingSet:
         return out
 
     def unhold(self, sid: str, *, now: float) -> None:
-        """A held turn was withdrawn (its client gave up): the session waits again, its prefix let go."""
+        """A held turn was withdrawn (its client gave up): the session waits again, its prefix let go; the gap to its
+        retry is no tool time."""
         tracked = self.sessions.get(sid)
         if tracked is None or tracked.phase is not Phase.HELD:
             return
         self.replicas[tracked.replica].held.remove(sid)
-        tracked.phase, tracked.since = Phase.LET_GO, now
+        tracked.phase, tracked.since = Phase.WITHDRAWN, now
 
     def destination(self, sid: str) -> str | None:
         """Where a session the scheduler just served or resumed must go when not its replica (a peer that resumes a

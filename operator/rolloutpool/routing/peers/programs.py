@@ -15,7 +15,7 @@ program                       :class:`Phase`
 ============================  ===========================
 REASONING, ACTIVE             ``GENERATING``
 ACTING, ACTIVE                ``IDLE`` (kept, counted)
-ACTING, PAUSED                ``LET_GO`` (not counted)
+ACTING, PAUSED                ``LET_GO`` (not counted; ``WITHDRAWN`` after a held turn's client gave up)
 PAUSED, next turn retained    ``HELD``
 ============================  ===========================
 """
@@ -65,7 +65,7 @@ class ProgramScheduler(WorkingSet):
         work = self.replicas[tracked.replica]
         if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
             return tracked.phase is Phase.GENERATING
-        if tracked.context:
+        if tracked.context and tracked.phase is not Phase.WITHDRAWN:  # a retry after a give-up is no tool time
             self.tool.observe(sid, now - tracked.since)
             self.observe_return(now - tracked.since)
         tracked.lapsed = tracked.phase is not Phase.IDLE
