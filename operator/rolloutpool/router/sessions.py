@@ -287,7 +287,9 @@ class SessionManager:
             if not future.done():
                 future.cancel()
                 self.ledger.cancel_held(session_id, now=self.clock(), ticket=ticket)
-                self._dispatch()
+            elif not future.cancelled() and future.exception() is None:  # resumed as it went: no request follows
+                self.ledger.withdraw_resumed(future.result(), now=self.clock())
+            self._dispatch()
             raise
         self.metrics.hold_wait.observe(self.clock() - held)
         return session

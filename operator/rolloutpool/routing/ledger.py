@@ -384,6 +384,12 @@ class Ledger(ReplicaControls):
         self._resume(self.table.sessions[session_id].replica, now=now)
         return True
 
+    def withdraw_resumed(self, session: Session, *, now: float) -> None:
+        """A resumed turn's client gave up before its request started (:meth:`turn_started`): the turn is withdrawn."""
+        if self.work is not None and self.is_current(session) and session.inflight == 0:
+            self.work.unhold(session.session_id, now=now)
+            self._resume(session.replica, now=now)
+
     def _unhold(self, session_id: str) -> None:
         """A held turn of a session that ends (or moves) leaves: its waiter is told."""
         for ticket in self.held.pop(session_id, ()):

@@ -371,12 +371,17 @@ class WorkingSet:
         return out
 
     def unhold(self, sid: str, *, now: float) -> None:
-        """A held turn was withdrawn (its client gave up): the session waits again, its prefix let go; the gap to its
-        retry is no tool time."""
+        """A held turn was withdrawn (its client gave up), or a resumed one before its request started: the session
+        waits again, its prefix let go (not rebuilt); the gap to its retry is no tool time."""
         tracked = self.sessions.get(sid)
-        if tracked is None or tracked.phase is not Phase.HELD:
+        if tracked is None or tracked.phase not in (Phase.HELD, Phase.GENERATING):
             return
-        self.replicas[tracked.replica].held.remove(sid)
+        work = self.replicas[tracked.replica]
+        if tracked.phase is Phase.HELD:
+            work.held.remove(sid)
+        else:
+            self._count(tracked, 0)
+            work.out.add(sid)
         tracked.phase, tracked.since = Phase.WITHDRAWN, now
 
     def destination(self, sid: str) -> str | None:
