@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -10,7 +12,7 @@ from prometheus_client import generate_latest
 from rolloutpool.router.config import ReplicaSpec, RouterConfig
 from rolloutpool.router.instruments import RouterMetrics
 from rolloutpool.router.sessions import ReleasedWhileQueuedError, SessionManager, Usage
-from rolloutpool.router.state import snapshot
+from rolloutpool.router.state import load_snapshot, snapshot
 from rolloutpool.routing.workingset import Phase, WorkingSetConfig
 
 
@@ -117,3 +119,21 @@ async def test_a_held_turn_resumed_as_its_client_leaves_ends_that_turn() -> None
     assert not created
     assert work.phase("a") is Phase.GENERATING
     manager.close()
+
+
+async def test_a_restart_keeps_a_groups_shared_prompt(tmp_path: Path) -> None:
+    now = [0.0]
+    manager = _turn_manager(now)
+    for sid in ("a", "b"):
+        await _turn(manager, sid, context=1200, group="g")  # a first turn's prompt (1,190) is what the group shares
+    assert manager.ledger.work is not None
+    counted = manager.ledger.work.replicas["e0"].counted
+    assert counted == 1190 + 2 * 10
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(snapshot(manager, now=1.0)))
+    manager.close()
+    restarted = _turn_manager(now)
+    assert load_snapshot(restarted, path) == 2
+    assert restarted.ledger.work is not None
+    assert restarted.ledger.work.replicas["e0"].counted == counted
+    restarted.close()

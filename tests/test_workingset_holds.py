@@ -163,6 +163,15 @@ def test_a_held_turn_of_a_removed_replica_is_withdrawn_not_resumed() -> None:
     assert answers == [Withdrawn(held.ticket, "a", "released")]
 
 
+def test_restored_group_members_count_their_shared_prompt_once() -> None:
+    ledger = _ledger()
+    for sid in ("a", "b", "c"):
+        ledger.restore(sid, "r", group="g", last_seen=0.0, context=1200, prompt=1000)
+    assert ledger.work is not None
+    assert ledger.work.replicas["r"].counted == 1000 + 3 * 200
+    assert ledger.table.sessions["a"].prompt_tokens == 1000
+
+
 def test_a_retry_after_a_withdrawn_turn_is_not_taken_for_a_tool_time() -> None:
     ledger, held = _held_a()  # a's gap (22 s) was observed when its turn arrived
     assert ledger.work is not None

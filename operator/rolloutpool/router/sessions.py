@@ -476,6 +476,8 @@ class SessionManager:
             self.on_change()
             self._dispatch()
 
-    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
+    def restore(
+        self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int, prompt: int = 0
+    ) -> None:
         """Re-create a session from a snapshot (no placement decision, no metrics)."""
-        self.ledger.restore(session_id, replica, group=group, last_seen=last_seen, context=context)
+        self.ledger.restore(session_id, replica, group=group, last_seen=last_seen, context=context, prompt=prompt)

@@ -424,12 +424,15 @@ class Ledger(ReplicaControls):
             self.admit(now=now)
         return stale
 
-    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
-        """Re-create a session from a snapshot (no placement decision)."""
-        session = self.table.bind(session_id, replica, now=last_seen, group=group)
+    def restore(
+        self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int, prompt: int = 0
+    ) -> None:
+        """Re-create a session from a snapshot (no placement decision); ``prompt``: its first turn's (0: unknown)."""
+        session = self.table.bind(session_id, replica, now=last_seen, group=group, prompt_tokens=prompt)
         session.context_tokens = context
         if self.work is not None:
-            self.work.restored(session_id, replica, context=context, now=last_seen)
+            shared = prompt if group is not None else 0  # what its group shares (counted once per replica)
+            self.work.restored(session_id, replica, context=context, now=last_seen, group=group, shared=shared)
             self._kv_cap(replica)
 
     # -- requests of a session ------------------------------------------------------------------

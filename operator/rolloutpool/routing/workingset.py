@@ -104,10 +104,12 @@ class WorkingSet:
         self.replicas[replica].members += 1
         self._count(tracked, context)
 
-    def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
-        """A session re-created from a snapshot: idle, its prefix kept."""
+    def restored(
+        self, sid: str, replica: str, *, context: int, now: float, group: str | None = None, shared: int = 0
+    ) -> None:
+        """A session re-created from a snapshot: idle, its prefix kept (``group``, ``shared``: as :meth:`bound`'s)."""
         self.released(sid)
-        tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s)
+        tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s, group=group, shared=shared)
         self.sessions[sid] = tracked
         self.replicas[replica].members += 1
         self._count(tracked, context)
