@@ -172,6 +172,37 @@ def test_restored_group_members_count_their_shared_prompt_once() -> None:
     assert ledger.table.sessions["a"].prompt_tokens == 1000
 
 
+def test_a_group_members_turn_needs_no_room_for_the_prompt_its_group_keeps_on_the_replica() -> None:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=10_000)  # budget 5,000
+    ws.bound("b", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("b", context=1200, now=0.0)  # lease until 10
+    ws.bound("a", "r", now=15.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("a", context=1200, now=15.0)  # lease until 25
+    ws.make_room("r", 5000, now=20.0)  # b let go, a kept (the group's prompt with it)
+    assert ws.phase("b") is Phase.LET_GO
+    ws.bound("f", "r", now=20.0, first_context=3400)
+    work = ws.replicas["r"]
+    assert work.counted == 1200 + 3400
+    assert ws.need("b") == 1200 + 100 - 1000  # what counting it adds: its own tokens and a turn's growth
+    assert ws.arrive("b", now=21.0)  # 300 fit the 400 left: served, not held
+    assert work.counted == 4900
+
+
+def test_a_turn_that_lets_go_the_last_member_keeping_its_groups_prompt_needs_room_for_that_prompt_too() -> None:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=10_000)  # budget 5,000
+    ws.bound("b", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("b", context=1200, now=0.0)
+    ws.make_room("r", 5000, now=20.0)  # b let go
+    ws.bound("a", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("a", context=1200, now=0.0)  # idle past its lease at 21: a keeps the group's prompt
+    assert (ws.phase("b"), ws.phase("a")) == (Phase.LET_GO, Phase.IDLE)
+    ws.bound("f", "r", now=20.0, first_context=3800)  # 5,000 counted: a's room is the only room
+    assert not ws.arrive("b", now=21.0)  # letting a go frees 1,200 but b then needs 1,300: held, not over the budget
+    assert ws.replicas["r"].counted <= 5000
+
+
 def test_a_retry_after_a_withdrawn_turn_is_not_taken_for_a_tool_time() -> None:
     ledger, held = _held_a()  # a's gap (22 s) was observed when its turn arrived
     assert ledger.work is not None
