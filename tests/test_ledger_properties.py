@@ -329,7 +329,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 f"{sid}: bound on {session.replica}, counted on {tracked.replica}"
             )
             assert tracked.counted >= 0
-            if tracked.phase in (Phase.LET_GO, Phase.HELD):
+            if tracked.phase in (Phase.LET_GO, Phase.WITHDRAWN, Phase.HELD):
                 assert tracked.counted == 0, sid
         for name, replica in work.replicas.items():
             mine = {sid: t for sid, t in work.sessions.items() if t.replica == name}
@@ -343,7 +343,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert replica.members == len(mine), name
             assert set(replica.idle) == {sid for sid, t in mine.items() if t.phase is Phase.IDLE}, name
             assert set(replica.held) == {sid for sid, t in mine.items() if t.phase is Phase.HELD}, name
-            assert replica.out == {sid for sid, t in mine.items() if t.phase in (Phase.LET_GO, Phase.HELD)}, name
+            let_go = (Phase.LET_GO, Phase.WITHDRAWN, Phase.HELD)
+            assert replica.out == {sid for sid, t in mine.items() if t.phase in let_go}, name
             assert work.releasable(name, now=self.ledger.now) <= replica.counted, name  # what letting go frees
             if replica.held:  # a replica holding turns takes no new session
                 assert not table.replicas[name].accepts_new(), name

@@ -218,7 +218,7 @@ def test_a_held_turn_is_withdrawn_when_its_session_is_released_and_left_when_its
     held = ledger.arrive(Placement("a"), now=22.0)
     assert isinstance(held, Held)
     assert ledger.cancel_held("a", now=23.0)
-    assert ledger.work.phase("a") is Phase.LET_GO
+    assert ledger.work.phase("a") is Phase.WITHDRAWN  # let go, waiting for its retry
     held = ledger.arrive(Placement("a"), now=24.0)
     assert isinstance(held, Held)
     ledger.take_events()

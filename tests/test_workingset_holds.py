@@ -92,7 +92,7 @@ def test_after_shutdown_a_turn_that_would_wait_is_refused_not_held() -> None:
     assert ledger.arrive(Placement("a"), now=22.0) == Rejected("shutting_down")
     assert ledger.held == {}
     assert ledger.work is not None
-    assert ledger.work.phase("a") is Phase.LET_GO
+    assert ledger.work.phase("a") is Phase.WITHDRAWN
 
 
 def test_what_letting_go_frees_counts_a_groups_shared_prompt_once() -> None:
@@ -120,3 +120,94 @@ def test_room_for_new_sessions_stays_within_the_budget_with_a_group_idle() -> No
     assert room is not None
     assert budget is not None
     assert room * ws.first_context <= budget
+
+
+# -- a second review: held turns of an unready replica, restored groups, a group's shared prompt, retries --------
+
+
+def test_a_held_turn_of_a_replica_gone_unready_waits_or_moves_and_is_never_resumed_there() -> None:
+    ledger, held = _held_a()
+    ledger.set_ready("r", False, now=22.5)
+    ledger.release("c", how="finish_session", now=23.0)  # room frees on r, but r serves nothing now
+    ledger.tick(now=500.0)  # past hold_limit_s: still not forced onto r
+    assert _answers(ledger.take_events(), held.ticket) == []
+    assert ledger.held == {"a": [held.ticket]}
+    ledger.add_replica("s", now=501.0, capacity_tokens=10_000)  # a ready replica with room
+    ledger.tick(now=502.0)
+    events = ledger.take_events()
+    resumed = [e for e in _answers(events, held.ticket) if isinstance(e, Resumed)]
+    assert [e.session.replica for e in resumed] == ["s"]
+    assert ledger.work is not None
+    assert ledger.work.sessions["a"].replica == "s"
+    assert ledger.work.phase("a") is Phase.GENERATING
+    assert ledger.table.sessions["a"].replica == "s"
+    assert ledger.held == {}
+
+
+def test_a_held_turn_waits_while_its_replica_is_unready_and_resumes_there_when_it_is_ready_again() -> None:
+    ledger, held = _held_a()
+    ledger.set_ready("r", False, now=22.5)
+    ledger.tick(now=500.0)
+    assert _answers(ledger.take_events(), held.ticket) == []
+    ledger.set_ready("r", True, now=501.0)
+    ledger.tick(now=502.0)  # ready again: served there (past hold_limit_s)
+    resumed = [e for e in _answers(ledger.take_events(), held.ticket) if isinstance(e, Resumed)]
+    assert [e.session.replica for e in resumed] == ["r"]
+
+
+def test_a_held_turn_of_a_removed_replica_is_withdrawn_not_resumed() -> None:
+    ledger, held = _held_a()
+    ledger.remove_replica("r")
+    ledger.tick(now=500.0)
+    answers = _answers(ledger.take_events(), held.ticket)
+    assert answers == [Withdrawn(held.ticket, "a", "released")]
+
+
+def test_restored_group_members_count_their_shared_prompt_once() -> None:
+    ledger = _ledger()
+    for sid in ("a", "b", "c"):
+        ledger.restore(sid, "r", group="g", last_seen=0.0, context=1200, prompt=1000)
+    assert ledger.work is not None
+    assert ledger.work.replicas["r"].counted == 1000 + 3 * 200
+    assert ledger.table.sessions["a"].prompt_tokens == 1000
+
+
+def test_a_group_members_turn_needs_no_room_for_the_prompt_its_group_keeps_on_the_replica() -> None:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=10_000)  # budget 5,000
+    ws.bound("b", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("b", context=1200, now=0.0)  # lease until 10
+    ws.bound("a", "r", now=15.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("a", context=1200, now=15.0)  # lease until 25
+    ws.make_room("r", 5000, now=20.0)  # b let go, a kept (the group's prompt with it)
+    assert ws.phase("b") is Phase.LET_GO
+    ws.bound("f", "r", now=20.0, first_context=3400)
+    work = ws.replicas["r"]
+    assert work.counted == 1200 + 3400
+    assert ws.need("b") == 1200 + 100 - 1000  # what counting it adds: its own tokens and a turn's growth
+    assert ws.arrive("b", now=21.0)  # 300 fit the 400 left: served, not held
+    assert work.counted == 4900
+
+
+def test_a_turn_that_lets_go_the_last_member_keeping_its_groups_prompt_needs_room_for_that_prompt_too() -> None:
+    ws = WorkingSet(CONFIG)
+    ws.add_replica("r", capacity=10_000)  # budget 5,000
+    ws.bound("b", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("b", context=1200, now=0.0)
+    ws.make_room("r", 5000, now=20.0)  # b let go
+    ws.bound("a", "r", now=0.0, first_context=1200, group="g", shared=1000)
+    ws.turn_finished("a", context=1200, now=0.0)  # idle past its lease at 21: a keeps the group's prompt
+    assert (ws.phase("b"), ws.phase("a")) == (Phase.LET_GO, Phase.IDLE)
+    ws.bound("f", "r", now=20.0, first_context=3800)  # 5,000 counted: a's room is the only room
+    assert not ws.arrive("b", now=21.0)  # letting a go frees 1,200 but b then needs 1,300: held, not over the budget
+    assert ws.replicas["r"].counted <= 5000
+
+
+def test_a_retry_after_a_withdrawn_turn_is_not_taken_for_a_tool_time() -> None:
+    ledger, held = _held_a()  # a's gap (22 s) was observed when its turn arrived
+    assert ledger.work is not None
+    tool = ledger.work.tool
+    gaps = tool.sessions["a"].n, tool.count
+    assert ledger.cancel_held("a", now=30.0, ticket=held.ticket)  # its client gave up
+    ledger.arrive(Placement("a"), now=31.0)  # and retries the same turn
+    assert (tool.sessions["a"].n, tool.count) == gaps

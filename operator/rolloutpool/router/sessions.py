@@ -287,7 +287,9 @@ class SessionManager:
             if not future.done():
                 future.cancel()
                 self.ledger.cancel_held(session_id, now=self.clock(), ticket=ticket)
-                self._dispatch()
+            elif not future.cancelled() and future.exception() is None:  # resumed as it went: no request follows
+                self.ledger.withdraw_resumed(future.result(), now=self.clock())
+            self._dispatch()
             raise
         self.metrics.hold_wait.observe(self.clock() - held)
         return session
@@ -474,6 +476,8 @@ class SessionManager:
             self.on_change()
             self._dispatch()
 
-    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
+    def restore(
+        self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int, prompt: int = 0
+    ) -> None:
         """Re-create a session from a snapshot (no placement decision, no metrics)."""
-        self.ledger.restore(session_id, replica, group=group, last_seen=last_seen, context=context)
+        self.ledger.restore(session_id, replica, group=group, last_seen=last_seen, context=context, prompt=prompt)

@@ -1,7 +1,8 @@
 """State across restarts: a JSON snapshot of the session table, written atomically.
 
 Mechanism: after every change of the table a debounced writer serialises the live
-sessions (id, replica, group, last_seen, context tokens; not one-turn sessions, nor sessions
+sessions (id, replica, group, last_seen, context tokens, first prompt tokens: what a GRPO group shares; a
+snapshot without the last is read as unknown; not one-turn sessions, nor sessions
 whose release waits for their request to end) and the drained replicas
 to ``state_path`` through a temporary file in the same directory, ``fsync`` and
 ``os.replace`` — a reader sees the old snapshot or the new one, never half of one.
@@ -71,12 +72,14 @@ class SessionRecord:
     group: str | None
     last_seen: float
     context_tokens: int
+    prompt_tokens: int = 0
+    """Its first turn's prompt (what its group shares; 0: unknown, or a snapshot without it)."""
 
 
 def snapshot(manager: SessionManager, *, now: float) -> dict[str, Any]:
     """The snapshot document of the manager's table."""
     sessions = [
-        [s.session_id, s.replica, s.group, round(s.last_seen, 3), s.context_tokens]
+        [s.session_id, s.replica, s.group, round(s.last_seen, 3), s.context_tokens, s.prompt_tokens]
         for s in manager.table.sessions.values()
         if not s.one_turn and s.release_how is None  # both end with their request: restored, they would linger
     ]
@@ -94,13 +97,15 @@ def parse_snapshot(document: Any, *, replicas: set[str]) -> tuple[list[SessionRe
     records: list[SessionRecord] = []
     dropped = 0
     for row in document.get("sessions", []):
-        sid, replica, group, last_seen, context = row
+        sid, replica, group, last_seen, context, *rest = row
+        prompt = rest[0] if len(rest) == 1 and isinstance(rest[0], int) else 0
         if not isinstance(sid, str) or not isinstance(replica, str) or not isinstance(last_seen, (int, float)):
             raise ValueError(f"malformed session row {row!r}")
         if replica not in replicas:
             dropped += 1
             continue
-        records.append(SessionRecord(sid, replica, group if isinstance(group, str) else None, last_seen, int(context)))
+        group = group if isinstance(group, str) else None
+        records.append(SessionRecord(sid, replica, group, last_seen, int(context), prompt))
     draining = [name for name in document.get("draining", []) if name in replicas]
     return records, draining, dropped
 
@@ -137,6 +142,7 @@ def load_snapshot(manager: SessionManager, path: Path) -> int:
             group=record.group,
             last_seen=record.last_seen,
             context=record.context_tokens,
+            prompt=record.prompt_tokens,
         )
     for name in draining:
         manager.set_draining(name, True)

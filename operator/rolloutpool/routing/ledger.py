@@ -384,6 +384,12 @@ class Ledger(ReplicaControls):
         self._resume(self.table.sessions[session_id].replica, now=now)
         return True
 
+    def withdraw_resumed(self, session: Session, *, now: float) -> None:
+        """A resumed turn's client gave up before its request started (:meth:`turn_started`): the turn is withdrawn."""
+        if self.work is not None and self.is_current(session) and session.inflight == 0:
+            self.work.unhold(session.session_id, now=now)
+            self._resume(session.replica, now=now)
+
     def _unhold(self, session_id: str) -> None:
         """A held turn of a session that ends (or moves) leaves: its waiter is told."""
         for ticket in self.held.pop(session_id, ()):
@@ -418,12 +424,15 @@ class Ledger(ReplicaControls):
             self.admit(now=now)
         return stale
 
-    def restore(self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int) -> None:
-        """Re-create a session from a snapshot (no placement decision)."""
-        session = self.table.bind(session_id, replica, now=last_seen, group=group)
+    def restore(
+        self, session_id: str, replica: str, *, group: str | None, last_seen: float, context: int, prompt: int = 0
+    ) -> None:
+        """Re-create a session from a snapshot (no placement decision); ``prompt``: its first turn's (0: unknown)."""
+        session = self.table.bind(session_id, replica, now=last_seen, group=group, prompt_tokens=prompt)
         session.context_tokens = context
         if self.work is not None:
-            self.work.restored(session_id, replica, context=context, now=last_seen)
+            shared = prompt if group is not None else 0  # what its group shares (counted once per replica)
+            self.work.restored(session_id, replica, context=context, now=last_seen, group=group, shared=shared)
             self._kv_cap(replica)
 
     # -- requests of a session ------------------------------------------------------------------
@@ -513,11 +522,17 @@ class Ledger(ReplicaControls):
         return expected, shortfall
 
     def _resume(self, name: str, *, now: float) -> None:
-        """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left."""
+        """Serve the replica's held turns that fit now (routing/workingset.py), then new sessions if room is left; a
+        replica not ready serves none: they move to a ready one with room (as in :meth:`_return`), or wait."""
         if self.work is None:
             return
         self._now = now
-        resumed = self.work.resume(name, now=now)
+        replica = self.table.replicas.get(name)
+        if replica is None or replica.ready:
+            resumed = self.work.resume(name, now=now)
+        else:
+            mine = [sid for sid in self.held if self.table.sessions[sid].replica == name]
+            resumed = [sid for sid in mine if self._move_held(sid, now=now)]
         for sid in resumed:
             tickets = self.held.pop(sid, ())
             session = self.table.sessions.get(sid)
@@ -526,6 +541,16 @@ class Ledger(ReplicaControls):
                 self.events.extend(Resumed(ticket, session) for ticket in tickets)
         if self._kv_cap(name) or resumed:
             self.admit(now=now)
+
+    def _move_held(self, sid: str, *, now: float) -> bool:
+        """A held turn of a replica not ready moves where it fits now (its cache is out of reach); whether it moved."""
+        assert self.work is not None  # noqa: S101 - only turn scheduling holds turns
+        candidates = [r.name for r in self.table.replicas.values() if r.accepts_new()]
+        name = self.work.move_target(sid, candidates, resident=None, now=now)
+        if name is not None:
+            self.work.move(sid, name, now=now)
+            self._rebind(self.table.sessions[sid], name, now=now)
+        return name is not None
 
     def tick(self, *, now: float) -> None:
         """Time passed (once per scrape round): held turns that now fit or waited their limit go, caps follow."""

@@ -104,10 +104,12 @@ class WorkingSet:
         self.replicas[replica].members += 1
         self._count(tracked, context)
 
-    def restored(self, sid: str, replica: str, *, context: int, now: float) -> None:
-        """A session re-created from a snapshot: idle, its prefix kept."""
+    def restored(
+        self, sid: str, replica: str, *, context: int, now: float, group: str | None = None, shared: int = 0
+    ) -> None:
+        """A session re-created from a snapshot: idle, its prefix kept (``group``, ``shared``: as :meth:`bound`'s)."""
         self.released(sid)
-        tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s)
+        tracked = Tracked(replica, context, Phase.IDLE, now, until=now + self.config.keep_s, group=group, shared=shared)
         self.sessions[sid] = tracked
         self.replicas[replica].members += 1
         self._count(tracked, context)
@@ -139,10 +141,13 @@ class WorkingSet:
         tracked = self.sessions.get(sid)
         return tracked is not None and tracked.lapsed
 
-    def need(self, sid: str) -> int:
-        """Tokens the session's next turn adds to its replica's working set when it is not counted."""
+    def need(self, sid: str, replica: str | None = None) -> int:
+        """Tokens the session's next turn adds to a replica's working set (its own by default) when it is not counted:
+        its context and a turn's growth, less its group's shared prompt while other members keep that there."""
         tracked = self.sessions[sid]
-        return tracked.context + int(self.growth)
+        work = self.replicas[replica or tracked.replica]
+        kept = work.groups.get(tracked.group) if tracked.group is not None and tracked.shared else None
+        return tracked.context + int(self.growth) - (kept[1] if kept else 0)
 
     # -- turns --------------------------------------------------------------------------
 
@@ -159,20 +164,19 @@ class WorkingSet:
         work = self.replicas[tracked.replica]
         if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
             return tracked.phase is Phase.GENERATING  # a second request of a turn in flight, or still held
-        if tracked.context:  # a gap between two turns: its tool time
+        if tracked.context and tracked.phase is not Phase.WITHDRAWN:  # a gap between two turns: its tool time
             self.tool.observe(sid, now - tracked.since)
         tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:
             work.idle.pop(sid, None)
-            self._generate(tracked, now, tracked.counted + int(self.growth))
+            self._generate(tracked, now)
             self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
             return True
-        need = self.need(sid)
         cached = resident is not None and resident >= tracked.context - self.config.block_tolerance
         unknown = work.capacity is None  # an engine that reports no KV capacity: nothing to schedule by
-        if cached or unknown or (not work.held and self.make_room(work.name, need, now=now)):
+        if cached or unknown or (not work.held and self._make_room_for(sid, work.name, now=now)):
             work.out.discard(sid)
-            self._generate(tracked, now, need)
+            self._generate(tracked, now)
             if cached:
                 self.make_room(work.name, 0, now=now)
             return True
@@ -192,16 +196,15 @@ class WorkingSet:
             return None
         if resident is not None and resident >= tracked.context - self.config.block_tolerance:
             return None  # its blocks are still here: it is served here
-        need = self.need(sid)
-        best, room = None, need - 1
+        best, room = None, -1
         for name in candidates:
             work = self.replicas.get(name)
             free = None if work is None or name == tracked.replica or work.held else self.free(name)
             if free is None:
                 continue
-            have = free + self.releasable(name, now=now)
-            if have > room:
-                best, room = name, have
+            spare = free + self.releasable(name, now=now) - self.need(sid, name)
+            if spare > room:
+                best, room = name, spare
         return best
 
     def move(self, sid: str, replica: str, *, now: float) -> None:
@@ -218,9 +221,8 @@ class WorkingSet:
         work = self.replicas[replica]
         work.moves += 1
         work.members += 1
-        need = self.need(sid)
-        self.make_room(replica, need, now=now)
-        self._generate(tracked, now, need)
+        self._make_room_for(sid, replica, now=now)
+        self._generate(tracked, now)
 
     def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
         """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
@@ -262,9 +264,10 @@ class WorkingSet:
             return math.inf
         return max(1, batch) * context / rate * (1 + context / self.config.prefill_attention_tokens)
 
-    def _generate(self, tracked: Tracked, now: float, tokens: int) -> None:
+    def _generate(self, tracked: Tracked, now: float) -> None:
+        """The session generates a turn: its context and a turn's growth are counted (its group's prompt once)."""
         tracked.phase, tracked.since = Phase.GENERATING, now
-        self._count(tracked, tokens)
+        self._count(tracked, tracked.context + int(self.growth))
 
     def _count(self, tracked: Tracked, tokens: int) -> None:
         """Set a session's tokens in its replica's working set; its group's shared prompt is counted once."""
@@ -345,6 +348,12 @@ class WorkingSet:
             work.out.add(sid)
         return free >= tokens
 
+    def _make_room_for(self, sid: str, name: str, *, now: float) -> bool:
+        """:meth:`make_room` for the session's turn on ``name``; its need is taken again when letting go took the last
+        member that kept its group's prompt there (then that prompt is counted with it)."""
+        fits = self.make_room(name, self.need(sid, name), now=now)
+        return fits and self.make_room(name, self.need(sid, name), now=now)  # at once True unless its need grew
+
     def resume(self, name: str, *, now: float) -> list[str]:
         """Held turns of the replica that may be served now, in the order to serve them."""
         work = self.replicas.get(name)
@@ -355,10 +364,9 @@ class WorkingSet:
         for sid in list(work.held):
             tracked = self.sessions[sid]
             waited = now - tracked.since
-            need = self.need(sid)
             if waited >= limit:
                 work.forced += 1
-            elif not self.make_room(name, need, now=now):
+            elif not self._make_room_for(sid, name, now=now):
                 if waited >= fair:
                     break  # nobody passes a head that waited long
                 continue
@@ -366,17 +374,23 @@ class WorkingSet:
                 work.resumes += 1
             work.held.remove(sid)
             work.out.discard(sid)
-            self._generate(tracked, now, need)
+            self._generate(tracked, now)
             out.append(sid)
         return out
 
     def unhold(self, sid: str, *, now: float) -> None:
-        """A held turn was withdrawn (its client gave up): the session waits again, its prefix let go."""
+        """A held turn was withdrawn (its client gave up), or a resumed one before its request started: the session
+        waits again, its prefix let go (not rebuilt); the gap to its retry is no tool time."""
         tracked = self.sessions.get(sid)
-        if tracked is None or tracked.phase is not Phase.HELD:
+        if tracked is None or tracked.phase not in (Phase.HELD, Phase.GENERATING):
             return
-        self.replicas[tracked.replica].held.remove(sid)
-        tracked.phase, tracked.since = Phase.LET_GO, now
+        work = self.replicas[tracked.replica]
+        if tracked.phase is Phase.HELD:
+            work.held.remove(sid)
+        else:
+            self._count(tracked, 0)
+            work.out.add(sid)
+        tracked.phase, tracked.since = Phase.WITHDRAWN, now
 
     def destination(self, sid: str) -> str | None:
         """Where a session the scheduler just served or resumed must go when not its replica (a peer that resumes a

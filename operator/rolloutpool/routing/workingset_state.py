@@ -77,6 +77,9 @@ class Phase(Enum):
     """Waiting on its tool; its prefix is not counted (the engine may evict it)."""
     HELD = "held"
     """Its next turn arrived and waits for room."""
+    WITHDRAWN = "withdrawn"
+    """Its held turn was withdrawn (its client gave up); counted as ``LET_GO``, but its next turn is a retry, not the
+    end of a tool call (no tool time is taken from it)."""
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ program                       :class:`Phase`
 ============================  ===========================
 REASONING, ACTIVE             ``GENERATING``
 ACTING, ACTIVE                ``IDLE`` (kept, counted)
-ACTING, PAUSED                ``LET_GO`` (not counted)
+ACTING, PAUSED                ``LET_GO`` (not counted; ``WITHDRAWN`` after a held turn's client gave up)
 PAUSED, next turn retained    ``HELD``
 ============================  ===========================
 """
@@ -65,13 +65,13 @@ class ProgramScheduler(WorkingSet):
         work = self.replicas[tracked.replica]
         if tracked.phase is Phase.GENERATING or tracked.phase is Phase.HELD:
             return tracked.phase is Phase.GENERATING
-        if tracked.context:
+        if tracked.context and tracked.phase is not Phase.WITHDRAWN:  # a retry after a give-up is no tool time
             self.tool.observe(sid, now - tracked.since)
             self.observe_return(now - tracked.since)
         tracked.lapsed = tracked.phase is not Phase.IDLE
         if tracked.phase is Phase.IDLE:  # ACTIVE: served at once
             work.idle.pop(sid, None)
-            self._generate(tracked, now, tracked.counted + int(self.growth))
+            self._generate(tracked, now)
             return True
         if work.capacity is None or self.paused_arrival(tracked, sid, now=now):
             return True
@@ -154,7 +154,7 @@ class ProgramScheduler(WorkingSet):
             tracked.replica = to
             self._moves[sid] = to
             self.moved += 1
-        self._generate(tracked, now, self.need(sid))
+        self._generate(tracked, now)
 
     def serve_paused(self, sid: str, *, now: float, to: str | None = None) -> None:
         """Serve the arriving turn of a paused program at once, on its replica or on ``to`` (the ledger moves it)."""
@@ -165,7 +165,7 @@ class ProgramScheduler(WorkingSet):
             tracked.replica = to
             self._moves[sid] = to
             self.moved += 1
-        self._generate(tracked, now, self.need(sid))
+        self._generate(tracked, now)
 
     def fits(self, name: str, tokens: int, share: float) -> bool:
         """Whether ``tokens`` more keep the replica's working set at most ``share`` of its capacity."""

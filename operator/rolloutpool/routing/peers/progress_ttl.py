@@ -92,15 +92,16 @@ class ProgressTTL(ProgramScheduler):
         if not work.held and self.fits(work.name, need, self.pt.high_watermark):
             self.serve_paused(sid, now=now)
             return True
-        to = self._elsewhere(work.name, need)
+        to = self._elsewhere(work.name, sid)
         if to is None:
             return False
         self.serve_paused(sid, now=now, to=to)
         return True
 
-    def _elsewhere(self, name: str, need: int) -> str | None:
+    def _elsewhere(self, name: str, sid: str) -> str | None:
         share = self.pt.high_watermark - self.pt.cross_rank_headroom
-        return next((w.name for w in self.others(name) if not w.held and self.fits(w.name, need, share)), None)
+        others = (w.name for w in self.others(name) if not w.held)
+        return next((other for other in others if self.fits(other, self.need(sid, other), share)), None)
 
     def tick(self, name: str, *, now: float) -> list[str]:
         work, pt = self.replicas[name], self.pt
@@ -119,7 +120,7 @@ class ProgressTTL(ProgramScheduler):
             elif self.fits(name, need, pt.high_watermark):
                 self.serve_held(sid, now=now)
             else:
-                to = self._elsewhere(name, need)
+                to = self._elsewhere(name, sid)
                 if to is None:
                     continue
                 self.serve_held(sid, now=now, to=to)

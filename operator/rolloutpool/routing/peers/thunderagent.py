@@ -101,7 +101,7 @@ class ThunderAgent(ProgramScheduler):
                 else:
                     self.reactivate(sid, now=now)
             elif held:
-                to = next((w.name for w in self.others(name) if self.fits(w.name, need, level)), None)
+                to = next((w.name for w in self.others(name) if self.fits(w.name, self.need(sid, w.name), level)), None)
                 if to is not None:
                     self.serve_held(sid, now=now, to=to)
                     out.append(sid)
