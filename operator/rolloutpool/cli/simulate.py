@@ -47,7 +47,7 @@ def _compiled_note() -> str:
 @replica_options
 @click.option(
     "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
-    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: ~250 s of CPU, ~2 min on 2 cores; "
+    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: ~115 s of CPU, ~1 min on 2 idle cores; "
     "about half with `python -m rolloutpool.sim.compiled build`, docs/simulator-speed.md).",
 )  # fmt: skip
 @click.option(
