@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli.bench import bench_command
-from rolloutpool.dev.bench.runner import BenchConfig, scaled_scenario
+from rolloutpool.dev.bench.runner import BenchConfig, describe, scaled_scenario
 from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.workload import scenario
@@ -30,6 +30,9 @@ def test_the_simulated_fleet_is_the_bench_fleet() -> None:
     assert fleet.scenario is config.scenario
     assert fleet.scrape_interval_s == config.scrape_interval_s * 4.0  # the router's scrapes, in simulated seconds
     assert fleet.start_spread_s == 0.0  # the bench's client starts every trajectory at once
+    assert not fleet.group_hint  # the bench's client sends session ids only, as vllm-router's clients
+    assert fleet_config(_config(group_hint=True)).group_hint  # --group-hint: the simulated router is told too
+    assert describe(_config(group_hint=True))["group_hint"] is True
 
 
 def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> None:

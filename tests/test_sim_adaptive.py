@@ -37,10 +37,12 @@ def test_finished_session_churn_alone_triggers_no_quarantine_and_no_cut() -> Non
 
 
 def test_live_prefix_eviction_cuts_the_adaptive_target() -> None:
-    # oversubscribed: long contexts on small replicas, the working set allowed the whole cache; the law must cut
+    # oversubscribed: long contexts on small replicas, the working set allowed the whole cache, each group's prompt
+    # counted once (the group hint): the law must cut
     config = FleetConfig(
         scenario=scenario("agentic-grpo").with_(max_model_len=8192), in_flight=40, replicas=2, num_gpu_blocks=2000,
         duration_s=1800, law=LawParams(initial=1.0, minimum=0.5, maximum=1.0, reprefill_tokens_per_s=200.0),
+        group_hint=True,
     )  # fmt: skip
     result = simulate_policy(config, ADAPTIVE)
     assert result.evicted_reprefill_tokens > 0

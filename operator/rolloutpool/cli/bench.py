@@ -183,6 +183,12 @@ def _simulate(
     "(spec.router.kvEvents); --no-kv-events: our router presumes a prefix it let go is gone.",
 )  # fmt: skip
 @click.option(
+    "--group-hint/--no-group-hint", default=False, show_default=True,
+    help="The client sends each trajectory's GRPO group in X-Session-Group, our router's group hint (it counts a "
+    "group's shared prompt once and co-locates the group); off, as vllm-router's clients send session ids only. "
+    "--simulate tells the simulated router the same.",
+)  # fmt: skip
+@click.option(
     "--load",
     "loads",
     type=click.FloatRange(min=0.01),
@@ -241,6 +247,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     in_flight: int,
     prefill_cost_scale: float,
     kv_events: bool,
+    group_hint: bool,
     loads: tuple[float, ...],
     seed: int,
     engine_seed: int,
@@ -301,6 +308,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
                 context_scale=context_scale,
                 prefill_cost_scale=prefill_cost_scale,
                 kv_events=kv_events,
+                group_hint=group_hint,
                 overhead=OverheadConfig(
                     concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice
                 )

@@ -151,6 +151,11 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     help="Every row as JSON (`rolloutpool.sim.compare.load_rows` reads it back).",
 )  # fmt: skip
 @_PREFILL_SCALE
+@click.option(
+    "--group-hint", is_flag=True,
+    help="The clients tell the router each rollout's GRPO group (X-Session-Group: its shared prompt is counted once, "
+    "the group co-located). Default: session ids only, as vllm-router's clients and `rolloutpool bench`'s send.",
+)  # fmt: skip
 def compare_command(  # noqa: PLR0917 - click passes every option as a positional parameter
     scenarios: tuple[str, ...],
     workloads: tuple[Path, ...],
@@ -163,6 +168,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     out_file: Path | None,
     json_file: Path | None,
     prefill_cost_scale: float,
+    group_hint: bool,
 ) -> None:
     """Our router (turn scheduling, under the operator's law, a fixed cap) over sticky least-loaded, side by side."""
     from rolloutpool.sim.compare import (  # noqa: PLC0415
@@ -198,6 +204,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
         in_flight=1,
         replicas=replicas,
         duration_s=duration_s,
+        group_hint=group_hint,
     )
     base = _with_prefill_scale(base, prefill_cost_scale)
     jobs = compare_jobs(
@@ -224,7 +231,7 @@ def compare_command(  # noqa: PLR0917 - click passes every option as a positiona
     if json_file is not None:
         json_file.parent.mkdir(parents=True, exist_ok=True)
         meta = {"replicas": replicas, "duration_s": duration_s, "prefill_cost_scale": prefill_cost_scale,
-                "wall_s": time.perf_counter() - started}  # fmt: skip
+                "group_hint": group_hint, "wall_s": time.perf_counter() - started}  # fmt: skip
         json_file.write_text(rows_json(rows, meta))
 
 

@@ -23,7 +23,7 @@ from rolloutpool.routing.caps import CapRule
 from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import Admitted, Bound, Resumed
 from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
-from rolloutpool.routing.policies import Placement, Policy, SessionAware, make_policy
+from rolloutpool.routing.policies import Clairvoyant, Placement, Policy, SessionAware, make_policy
 from rolloutpool.routing.quarantine import expected_cached_tokens
 from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import Session
@@ -85,6 +85,7 @@ class _Fleet:
     ) -> None:
         self.cfg = config
         self.policy = policy
+        self.clairvoyant = isinstance(policy, Clairvoyant)
         self.progress = progress
         preset = hardware_preset(config.hardware)
         blocks = config.num_gpu_blocks or preset.num_gpu_blocks
@@ -224,11 +225,13 @@ class _Fleet:
         self._dispatch()  # a Queued session is submitted when the ledger admits it
 
     def _placement(self, traj: _Traj, resident: int | None) -> Placement:
+        """What the router knows of a turn: the session, its group when the clients send it, what KV events say is
+        resident; a prompt's size only from the turn's usage, so only the clairvoyant reference is told it here."""
         return Placement(
             str(traj.plan.index),
-            group=str(traj.plan.group),
-            projected_tokens=traj.proj,
-            prompt_tokens=traj.chain.length,
+            group=str(traj.plan.group) if self.cfg.group_hint else None,
+            projected_tokens=traj.proj if self.clairvoyant else 0,
+            prompt_tokens=traj.chain.length if self.clairvoyant else 0,
             resident_tokens=resident,
         )
 

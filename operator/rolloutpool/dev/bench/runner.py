@@ -55,9 +55,11 @@ __all__ = [
 
 Progress = Callable[[str], None]
 LAG_WARNING_PCT = 5.0
+"""Engine lag (percent of the window) past which a run's figures say more about the CPU than the routers."""
 ENGINE_HARDWARE = "h100-80gb"
 """The engine-sims' cost-model preset (their KV capacity is the bench's own); our router knows its step floor."""
-"""Engine lag (percent of the window) past which a run's figures say more about the CPU than the routers."""
+GROUP_HEADER = "X-Session-Group"
+"""Our router's group hint (its default ``group_header``); vllm-router ignores it."""
 
 _COUNTERS = (
     vm.total(vm.GENERATION_TOKENS),
@@ -120,6 +122,9 @@ class BenchConfig:
     """Every engine-sim publishes KV events (``--kv-events-config``) and our router subscribes (``--kv-events``), as
     a RolloutPool deploys them by default (``spec.router.kvEvents``); off: our router presumes a prefix it let go is
     gone. vllm-router does not read them."""
+    group_hint: bool = False
+    """The client sends each trajectory's GRPO group in ``X-Session-Group`` (our router's group hint: it counts a
+    group's shared prompt once and co-locates the group); off, as vllm-router's clients: session ids only."""
 
     @property
     def engine_cost(self) -> CostModel:
@@ -392,6 +397,7 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
             in_flight=config.resolved_in_flight,
             duration_s=config.duration_s,
             time_scale=config.time_scale,
+            group_header=GROUP_HEADER if config.group_hint else None,
         )
         result, deltas = asyncio.run(_drive(engine_urls, client, law))
         pids = procs.pids
@@ -459,6 +465,7 @@ def describe(config: BenchConfig) -> dict[str, object]:
         "context_scale": config.context_scale,
         "prefill_cost_scale": config.prefill_cost_scale,
         "kv_events": config.kv_events,
+        "group_hint": config.group_hint,
         "group_size": s.group_size,
         "prompt_tokens": [s.prompt_tokens.median, s.prompt_tokens.p90],
         "action_tokens": [s.action_tokens.median, s.action_tokens.p90],

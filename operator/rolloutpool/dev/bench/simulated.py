@@ -69,6 +69,7 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         seed=config.seed,
         scrape_interval_s=config.scrape_interval_s * config.time_scale,
         start_spread_s=0.0,
+        group_hint=config.group_hint,
     )
 
 
