@@ -6,7 +6,7 @@ import pytest
 
 from rolloutpool.routing.answers import answer_tips, output_ids, streamed_tips
 from rolloutpool.routing.implicit import ImplicitConfig, ImplicitIndex
-from rolloutpool.routing.prefixkey import TOKEN_BLOCK, chat_keys, request_keys, token_keys
+from rolloutpool.routing.prefixkey import TOKEN_BLOCK, chat_keys, prompt_group, request_keys, token_keys
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 
@@ -77,6 +77,26 @@ def test_request_shapes_without_keys() -> None:
     assert request_keys("/inference/v1/generate", {"token_ids": [1, 2]}) is not None
     assert request_keys("/v1/completions", {"prompt": [1.5] * 20}) is None  # not token ids
     assert request_keys("/v1/completions", {"prompt": [2**70] * 20}) is None  # past 64 bits
+
+
+def test_a_prompt_group_names_the_whole_opening_prompt_its_model_and_salt() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "solve task 7"}]}
+    assert prompt_group("/v1/chat/completions", chat) == prompt_group("/v1/chat/completions", {**chat, "n": 2})
+    named = {
+        prompt_group("/v1/chat/completions", chat),
+        prompt_group("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "solve task 8"}]}),
+        prompt_group("/v1/chat/completions", {**chat, "model": "lora-a"}),  # an adapter shares no KV with the base
+        prompt_group("/v1/chat/completions", {**chat, "cache_salt": "s"}),
+    }
+    assert len(named) == 4
+    assert None not in named
+    ids = list(range(2 * TOKEN_BLOCK + 3))
+    tokens = prompt_group("/inference/v1/generate", {"token_ids": ids})
+    assert tokens == prompt_group("/v1/completions", {"prompt": ids})  # one token prompt, either path
+    assert tokens != prompt_group("/inference/v1/generate", {"token_ids": [*ids[:-1], 9999]})  # the tail counts
+    assert prompt_group("/v1/completions", {"prompt": "short"}) is not None  # shorter than one link: its tail
+    assert prompt_group("/v1/completions", {"prompt": ["a", "b"]}) is None  # a batch names no group
+    assert prompt_group("/v1/embeddings", {"input": "x"}) is None
 
 
 def test_the_tip_of_a_token_turn_is_the_next_prompts_prefix() -> None:

@@ -200,6 +200,34 @@ async def test_group_members_break_ties_toward_their_group() -> None:
     await no_leaked_tasks()
 
 
+async def test_sessions_opening_with_one_prompt_form_a_group_without_the_hint() -> None:
+    """A GRPO group's rollouts open with one prompt: the router names their group by it (``infer_groups``), so the
+    working set counts the prompt once per replica and the group breaks placement ties toward its replicas."""
+    task, other = prompt(1, 40), prompt(2, 40)
+
+    async def groups(rt: object, headers: dict[str, str] | None = None) -> dict[str, str | None]:
+        opened = {"a": task, "b": task, "c": other}
+        for sid, text in opened.items():
+            assert (await rt.complete(text, session=sid, headers=headers))[0] == 200  # type: ignore[attr-defined]
+        later = await rt.complete(other, session="a")  # type: ignore[attr-defined]  # a later turn names no group
+        assert later[0] == 200
+        return {sid: rt.manager.lookup(sid).group for sid in opened}  # type: ignore[attr-defined]
+
+    async with engines(3) as urls:
+        async with router(urls) as rt:
+            named = await groups(rt)
+            assert named["a"] == named["b"] is not None and named["a"].startswith("prompt-")
+            assert named["c"] not in {None, named["a"]}
+            assert sum(rt.manager.table.group_members(named["a"]).values()) == 2
+        async with router(urls) as rt:
+            assert set((await groups(rt, {"X-Session-Group": "G"})).values()) == {"G"}  # the hint wins
+        async with router(urls, infer_groups=False) as rt:
+            assert set((await groups(rt)).values()) == {None}
+        async with router(urls, turn_scheduler="thunderagent") as rt:  # a peer knows only the groups it is told
+            assert set((await groups(rt)).values()) == {None}
+    await no_leaked_tasks()
+
+
 async def test_release_paths_and_unknown_releases() -> None:
     async with engines(2) as urls, router(urls, implicit=None) as rt:  # a sessionless request is one turn
         for sid in ("a", "b", "c"):

@@ -131,6 +131,11 @@ def _default_state(host: str, port: int) -> Path | None:
 )
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=1800.0, show_default=True)
 @click.option(
+    "--no-infer-groups",
+    is_flag=True,
+    help="Know a GRPO group only from X-Session-Group, not from sessions opening with the same prompt.",
+)
+@click.option(
     "--no-implicit-sessions",
     is_flag=True,
     help="A generation request without a session id is a one-turn session, instead of continuing the conversation "
@@ -267,6 +272,7 @@ def router_command(
     cap: int | None,
     cap_ceiling: int | None,
     idle_timeout: float,
+    no_infer_groups: bool,
     no_implicit_sessions: bool,
     implicit_idle_timeout: float,
     implicit_max_entries: int,
@@ -341,6 +347,7 @@ def router_command(
             "cap": cap,
             "cap_ceiling": cap_ceiling,
             "idle_timeout_s": idle_timeout,
+            "infer_groups": not no_infer_groups,
             "implicit": None
             if no_implicit_sessions
             else ImplicitConfig(

@@ -86,6 +86,10 @@ class RouterConfig:
     # -- sessions --------------------------------------------------------------------
     session_header: str = "X-Session-ID"
     group_header: str = "X-Session-Group"
+    infer_groups: bool = True
+    """A new session without a ``group_header`` joins the group of every session that opened with the same prompt
+    (:func:`rolloutpool.routing.prefixkey.prompt_group`): a GRPO group's rollouts, which a replica's cache shares.
+    Our turn scheduler only; a peer's (``turn_scheduler``) knows no groups but those its clients send."""
     final_header: str = "X-Session-Final"
     """``true`` on a request releases its session after the response."""
     session_body_fields: tuple[str, ...] = DEFAULT_BODY_FIELDS

@@ -62,6 +62,7 @@ from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionM
 from rolloutpool.router.types import JSONObject
 from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from rolloutpool.routing.paths import AUXILIARY_PATHS, GENERATION_PATHS, PathKind, classify, refusal
+from rolloutpool.routing.prefixkey import prompt_group
 from rolloutpool.routing.requestbody import BodyError, RequestBody, read_body
 from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, parse_fields
 from rolloutpool.routing.table import Session
@@ -267,6 +268,8 @@ class Proxy:
         ephemeral = body.key is None and implicit is None
         headers = request.headers
         group = headers.get(cfg.group_header) or (None if implicit is None else implicit.group)
+        if group is None and implicit is None and body.key is not None and self.manager.lookup(sid) is None:
+            group = self._opening_group(path, body)
         try:
             session, created = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)
         except AdmissionError as exc:
@@ -305,6 +308,16 @@ class Proxy:
         if implicit is not None:
             return implicit.session_id, implicit
         return f"{self._oneshot_prefix}{next(self._oneshot)}", None
+
+    def _opening_group(self, path: str, body: RequestBody) -> str | None:
+        """A new session's group named by its opening prompt (``infer_groups``; our turn scheduler only)."""
+        if not self.config.infer_groups or self.config.turn_scheduler is not None:
+            return None
+        try:
+            decoded = orjson.loads(body.body)
+        except orjson.JSONDecodeError:
+            return None
+        return prompt_group(path, decoded) if isinstance(decoded, dict) else None
 
     def _auxiliary_replica(self, key: str | None) -> str | None:
         """Where an auxiliary request goes: its live session's replica, else the next ready replica in turn."""

@@ -35,6 +35,7 @@ __all__ = [
     "canonical_message",
     "chat_keys",
     "extend",
+    "prompt_group",
     "request_keys",
     "text_keys",
     "token_keys",
@@ -176,6 +177,21 @@ def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
         ids = _int_array(body.get("token_ids"))
         return None if ids is None else token_keys(ids)
     return None
+
+
+def prompt_group(path: str, body: Mapping[str, Any]) -> str | None:
+    """A name for every session that opens with this request's prompt, or None when its shape gives no keys.
+
+    The rollouts of a GRPO group open with one prompt, and a replica keeps its KV once for all of them: the router
+    counts it once when it knows they share it (routing/workingset.py). The name covers the whole prompt (its chain
+    and tail), the ``model`` (an adapter shares no KV with the base) and the ``cache_salt`` (a salt shares none).
+    """
+    keys = request_keys(path, body)
+    if keys is None or (not keys.chain and not keys.tail):
+        return None
+    digest = hashlib.blake2b(keys.last or _SEED[keys.kind], digest_size=12)
+    digest.update(orjson.dumps([keys.tail, body.get("model"), body.get("cache_salt")], default=str))
+    return f"prompt-{digest.hexdigest()}"
 
 
 def extend(keys: PrefixKeys, appended: object) -> tuple[bytes, ...]:

@@ -41,8 +41,8 @@ class FleetConfig:
     co_locate_groups: bool = True
     group_hint: bool = False
     """The clients tell the router each rollout's GRPO group (``X-Session-Group``). Off, as vllm-router's clients and
-    ``rolloutpool bench``'s by default: the router learns no group (the engines share a group's prompt blocks either
-    way)."""
+    ``rolloutpool bench``'s by default: our router still names a group by its rollouts' opening prompt
+    (``RouterConfig.infer_groups``), the peers learn none (the engines share a group's prompt blocks either way)."""
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
     sample_interval_s: float = 30.0

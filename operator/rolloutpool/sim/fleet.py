@@ -105,6 +105,7 @@ class _Fleet:
         self.pinning = pins is not None  # Continuum: every engine pins a turn that ends in a tool call
         self.law = AdaptiveTargets.for_fleet(config, self.names, self.capacity) if adaptive else None
         ours = isinstance(policy, SessionAware)  # the router we ship: its turn scheduling and its fast quarantine
+        self.groups_known = config.group_hint or ours  # ours names a group by its opening prompt (router/proxy.py)
         fixed = config.fixed_cap if ours and self.law is None else None  # a fixed cap replaces the turn scheduling
         scheduler = None if peer is None else peer.scheduler  # a peer's per-turn scheduler (sim/peers.py)
         self.ledger = Ledger(
@@ -225,11 +226,12 @@ class _Fleet:
         self._dispatch()  # a Queued session is submitted when the ledger admits it
 
     def _placement(self, traj: _Traj, resident: int | None) -> Placement:
-        """What the router knows of a turn: the session, its group when the clients send it, what KV events say is
-        resident; a prompt's size only from the turn's usage, so only the clairvoyant reference is told it here."""
+        """What the router knows of a turn: the session, its group (ours infers it from the opening prompt, which a
+        GRPO group's rollouts share; the others know it when the clients send it), what KV events say is resident; a
+        prompt's size only from the turn's usage, so only the clairvoyant reference is told it here."""
         return Placement(
             str(traj.plan.index),
-            group=str(traj.plan.group) if self.cfg.group_hint else None,
+            group=str(traj.plan.group) if self.groups_known else None,
             projected_tokens=traj.proj if self.clairvoyant else 0,
             prompt_tokens=traj.chain.length if self.clairvoyant else 0,
             resident_tokens=resident,
