@@ -87,9 +87,13 @@ def test_a_prompt_group_names_the_whole_opening_prompt_its_model_and_salt() -> N
         prompt_group("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "solve task 8"}]}),
         prompt_group("/v1/chat/completions", {**chat, "model": "lora-a"}),  # an adapter shares no KV with the base
         prompt_group("/v1/chat/completions", {**chat, "cache_salt": "s"}),
+        prompt_group("/v1/chat/completions", {**chat, "tools": [{"type": "function"}]}),  # rendered first
     }
-    assert len(named) == 4
+    assert len(named) == 5
     assert None not in named
+    thinking = {**chat, "chat_template_kwargs": {"enable_thinking": False, "x": 1}}
+    reordered = {**chat, "chat_template_kwargs": {"x": 1, "enable_thinking": False}}
+    assert prompt_group("/v1/chat/completions", thinking) == prompt_group("/v1/chat/completions", reordered)
     ids = list(range(2 * TOKEN_BLOCK + 3))
     tokens = prompt_group("/inference/v1/generate", {"token_ids": ids})
     assert tokens == prompt_group("/v1/completions", {"prompt": ids})  # one token prompt, either path

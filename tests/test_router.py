@@ -216,9 +216,14 @@ async def test_sessions_opening_with_one_prompt_form_a_group_without_the_hint() 
     async with engines(3) as urls:
         async with router(urls) as rt:
             named = await groups(rt)
-            assert named["a"] == named["b"] is not None and named["a"].startswith("prompt-")
+            assert named["a"] == named["b"]
+            assert named["a"] is not None
+            assert named["a"].startswith("prompt-")
             assert named["c"] not in {None, named["a"]}
             assert sum(rt.manager.table.group_members(named["a"]).values()) == 2
+            work = rt.manager.ledger.work
+            assert work is not None  # the prompt counted once per replica, learned from the first usage
+            assert any(r.groups.get(named["a"], [0, 0])[1] > 0 for r in work.replicas.values())
         async with router(urls) as rt:
             assert set((await groups(rt, {"X-Session-Group": "G"})).values()) == {"G"}  # the hint wins
         async with router(urls, infer_groups=False) as rt:

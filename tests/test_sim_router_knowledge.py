@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from rolloutpool.router.config import RouterConfig
 from rolloutpool.routing.policies import Clairvoyant, Placement, SessionAware, make_policy
 from rolloutpool.sim import fleet as fleet_module
 from rolloutpool.sim.config import FleetConfig
@@ -59,6 +60,11 @@ def test_our_router_is_told_no_prompt_size_and_names_groups_by_their_opening_pro
     seen = _placements(_config(), "rolloutpool", monkeypatch)
     assert all(p.prompt_tokens == 0 and p.projected_tokens == 0 for p in seen)
     assert _shares_groups(seen)  # a group's rollouts open with one prompt: router/proxy.py names the group by it
+
+
+def test_the_simulated_router_infers_groups_as_the_real_one_does_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert FleetConfig.infer_groups is RouterConfig.infer_groups is True  # one default for both
+    assert all(p.group is None for p in _placements(replace(_config(), infer_groups=False), "rolloutpool", monkeypatch))
 
 
 @pytest.mark.parametrize("name", ["sticky-least-loaded", "thunderagent", "progress-ttl"])

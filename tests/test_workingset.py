@@ -339,3 +339,28 @@ def test_an_empty_replica_takes_a_session_however_small_its_cache_against_the_es
     ws.turn_finished("a", context=900, now=1.0)  # a waits on its tool, its prefix kept for its lease (20 s)
     assert ws.room_for_new("small", now=2.0) == 0
     assert ws.room_for_new("small", now=30.0) == 1  # its lease ended: letting it go would empty the replica
+
+
+def test_a_session_replaced_off_an_unready_replica_joins_no_group() -> None:
+    """Its next usage is its whole context, not its group's opening prompt: learned as the group's shared size, it
+    would discount every other member on the new replica by far more than they share."""
+    config = LedgerConfig(caps=CapRule(), quarantine=None, working_set=CONFIG)
+    ledger = Ledger(config, policy=SessionAware())
+    for name in ("r", "s"):
+        ledger.add_replica(name, now=0.0, capacity_tokens=10_000)
+    first = ledger.arrive(Placement("a", group="G"), now=0.0)
+    assert isinstance(first, Bound)
+    ledger.turn_started(first.session)
+    ledger.finish_turn(first.session, now=1.0, usage=Usage(500, 100, 0))
+    ledger.turn_ended(first.session, now=1.0)
+    assert ledger.work is not None
+    assert ledger.work.replicas[first.session.replica].groups["G"] == [1, 500]  # the opening prompt, once
+    ledger.set_ready(first.session.replica, False, now=2.0)
+    again = ledger.arrive(Placement("a", group="G"), now=3.0)
+    assert isinstance(again, Bound)
+    assert again.session.replica != first.session.replica
+    assert again.session.group is None
+    ledger.turn_started(again.session)
+    ledger.finish_turn(again.session, now=4.0, usage=Usage(1200, 100, 0))
+    ledger.turn_ended(again.session, now=4.0)
+    assert not ledger.work.replicas[again.session.replica].groups

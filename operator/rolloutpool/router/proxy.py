@@ -62,7 +62,7 @@ from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionM
 from rolloutpool.router.types import JSONObject
 from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from rolloutpool.routing.paths import AUXILIARY_PATHS, GENERATION_PATHS, PathKind, classify, refusal
-from rolloutpool.routing.prefixkey import prompt_group
+from rolloutpool.routing.prefixkey import KEYED_PATHS, prompt_group
 from rolloutpool.routing.requestbody import BodyError, RequestBody, read_body
 from rolloutpool.routing.sessionkey import SessionKeyError, header_session_key, parse_fields
 from rolloutpool.routing.table import Session
@@ -311,7 +311,7 @@ class Proxy:
 
     def _opening_group(self, path: str, body: RequestBody) -> str | None:
         """A new session's group named by its opening prompt (``infer_groups``; our turn scheduler only)."""
-        if not self.config.infer_groups or self.config.turn_scheduler is not None:
+        if not self.config.infer_groups or self.config.turn_scheduler is not None or path not in KEYED_PATHS:
             return None
         try:
             decoded = orjson.loads(body.body)

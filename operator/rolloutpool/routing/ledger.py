@@ -28,6 +28,7 @@ The lifecycle:
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from rolloutpool.routing.events import (
     Admitted,
@@ -189,6 +190,9 @@ class Ledger(ReplicaControls):
                     return self._return(current, now=now, resident=placement.resident_tokens, turns=placement.turns)
                 return self._route_again(current, placement, now=now)
             self._drop(current, "replaced", now=now)
+            # Re-placed mid-rollout: its next usage is its whole context, not the prompt its group shares, so it
+            # joins no group (counted whole, as any session; the group's other members keep their discount).
+            placement = replace(placement, group=None)
         if self.closed:
             return Rejected("shutting_down")
         if not self.queue:

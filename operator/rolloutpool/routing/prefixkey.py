@@ -29,6 +29,7 @@ from typing import Any, Literal
 import orjson
 
 __all__ = [
+    "KEYED_PATHS",
     "TEXT_CHUNK",
     "TOKEN_BLOCK",
     "PrefixKeys",
@@ -179,18 +180,27 @@ def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
     return None
 
 
+KEYED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/inference/v1/generate", "/skyrl/v1/generate"})
+"""The generation paths whose body can give prefix keys (:func:`request_keys`)."""
+_RENDERING = ("model", "cache_salt", "tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+              "continue_final_message", "add_special_tokens")  # fmt: skip
+"""Fields besides the prompt that change the tokens a request opens with, or whether its KV is shared at all."""
+
+
 def prompt_group(path: str, body: Mapping[str, Any]) -> str | None:
     """A name for every session that opens with this request's prompt, or None when its shape gives no keys.
 
     The rollouts of a GRPO group open with one prompt, and a replica keeps its KV once for all of them: the router
-    counts it once when it knows they share it (routing/workingset.py). The name covers the whole prompt (its chain
-    and tail), the ``model`` (an adapter shares no KV with the base) and the ``cache_salt`` (a salt shares none).
+    counts it once when it knows they share it (routing/workingset.py). The name covers the prompt (its chain and
+    tail) and what else decides its tokens or their sharing: the ``model`` (an adapter shares no KV with the base),
+    the ``cache_salt`` (a salt shares none), and the chat template's inputs (``tools`` render at the prompt's start).
     """
     keys = request_keys(path, body)
     if keys is None or (not keys.chain and not keys.tail):
         return None
     digest = hashlib.blake2b(keys.last or _SEED[keys.kind], digest_size=12)
-    digest.update(orjson.dumps([keys.tail, body.get("model"), body.get("cache_salt")], default=str))
+    rendering = [keys.tail, *(body.get(name) for name in _RENDERING)]
+    digest.update(orjson.dumps(rendering, default=str, option=orjson.OPT_SORT_KEYS))
     return f"prompt-{digest.hexdigest()}"
 
 

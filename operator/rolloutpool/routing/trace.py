@@ -7,10 +7,10 @@ One header line, then one line per event, each a JSON object with a ``kind``:
   (the clock's reading at the start; every other time is seconds after it), ``session_ids``
   (``hashed`` or ``raw``), and ``model``/``max_model_len`` when known;
 - ``turn``: a request of a session that was answered with usage: ``session``, ``turn`` (0 for the
-  session's first), ``replica``, ``group`` (when the client named one), ``arrived`` (the request
-  reached the router), ``ended`` (its answer was complete), ``prompt_tokens``, ``cached_tokens``
-  (``usage.prompt_tokens_details.cached_tokens``; null when the engine does not report it),
-  ``output_tokens`` and ``tool_gap_s`` (``arrived`` minus the end of the session's previous turn;
+  session's first), ``replica``, ``group`` (the client's, else the one the router named by the opening
+  prompt), ``arrived`` (the request reached the router), ``ended`` (its answer was complete),
+  ``prompt_tokens``, ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``; null when the engine
+  does not report it), ``output_tokens`` and ``tool_gap_s`` (``arrived`` minus the end of the session's previous turn;
   null on its first turn);
 - ``replica``: a replica's reported KV capacity (``capacity_tokens``, ``block_size``), when first known or changed;
 - ``release``: a session stopped being live (``how``: the release path, ``expired``, ...; ``turns``);

@@ -43,6 +43,8 @@ class FleetConfig:
     """The clients tell the router each rollout's GRPO group (``X-Session-Group``). Off, as vllm-router's clients and
     ``rolloutpool bench``'s by default: our router still names a group by its rollouts' opening prompt
     (``RouterConfig.infer_groups``), the peers learn none (the engines share a group's prompt blocks either way)."""
+    infer_groups: bool = True
+    """Our router names a group by its rollouts' opening prompt (``RouterConfig.infer_groups``, the same default)."""
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
     sample_interval_s: float = 30.0

@@ -105,7 +105,7 @@ class _Fleet:
         self.pinning = pins is not None  # Continuum: every engine pins a turn that ends in a tool call
         self.law = AdaptiveTargets.for_fleet(config, self.names, self.capacity) if adaptive else None
         ours = isinstance(policy, SessionAware)  # the router we ship: its turn scheduling and its fast quarantine
-        self.groups_known = config.group_hint or ours  # ours names a group by its opening prompt (router/proxy.py)
+        self.groups_known = config.group_hint or (ours and config.infer_groups)  # by the opening prompt: proxy.py
         fixed = config.fixed_cap if ours and self.law is None else None  # a fixed cap replaces the turn scheduling
         scheduler = None if peer is None else peer.scheduler  # a peer's per-turn scheduler (sim/peers.py)
         self.ledger = Ledger(
