@@ -268,7 +268,7 @@ class Proxy:
         ephemeral = body.key is None and implicit is None
         headers = request.headers
         group = headers.get(cfg.group_header) or (None if implicit is None else implicit.group)
-        if group is None and implicit is None and body.key is not None and self.manager.lookup(sid) is None:
+        if group is None and body.key is not None and self.manager.lookup(sid) is None:  # keyed: never implicit
             group = self._opening_group(path, body)
         try:
             session, created = await self.manager.acquire(sid, group=group, ephemeral=ephemeral)

@@ -167,6 +167,11 @@ def _prompt_keys(prompt: object) -> PrefixKeys | None:
     return text_keys(prompt) if isinstance(prompt, str) else None
 
 
+_TOKEN_ID_PATHS = frozenset({"/inference/v1/generate", "/skyrl/v1/generate"})
+KEYED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"}) | _TOKEN_ID_PATHS
+"""The generation paths whose body can give prefix keys (:func:`request_keys`)."""
+
+
 def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
     """The prefix keys of a generation request, or None when its shape gives none (a batch, embeddings, ...)."""
     if path == "/v1/chat/completions":
@@ -174,14 +179,12 @@ def request_keys(path: str, body: Mapping[str, Any]) -> PrefixKeys | None:
         return chat_keys(messages) if isinstance(messages, list) and messages else None
     if path == "/v1/completions":
         return _prompt_keys(body.get("prompt"))
-    if path in {"/inference/v1/generate", "/skyrl/v1/generate"}:
+    if path in _TOKEN_ID_PATHS:
         ids = _int_array(body.get("token_ids"))
         return None if ids is None else token_keys(ids)
     return None
 
 
-KEYED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/inference/v1/generate", "/skyrl/v1/generate"})
-"""The generation paths whose body can give prefix keys (:func:`request_keys`)."""
 _RENDERING = ("model", "cache_salt", "tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
               "continue_final_message", "add_special_tokens")  # fmt: skip
 """Fields besides the prompt that change the tokens a request opens with, or whether its KV is shared at all."""
