@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from rolloutpool.routing.quarantine import QuarantineConfig
 from rolloutpool.routing.workingset_state import WorkingSetConfig
 
 if TYPE_CHECKING:
@@ -111,8 +113,8 @@ def _default_state(host: str, port: int) -> Path | None:
     default=1.0,
     show_default=True,
     help="Engine seconds per wall second, for time-scaled engine-sims: the scheduler's engine-time constants (the "
-    "hold limit, the lease before tool times are learned, the fairness wait) are divided by it, the prefill rate "
-    "multiplied.",
+    "hold limit, the lease before tool times are learned, the fairness wait, the fast quarantine's window and hold) "
+    "are divided by it, the prefill rate multiplied.",
 )
 @click.option("--no-turn-scheduling", is_flag=True, help="Place sessions only (caps, no held turns): for comparisons.")
 @click.option(
@@ -342,6 +344,7 @@ def router_command(
                 hold_limit=hold_limit,
                 scale=engine_time_scale,
             ),
+            "quarantine": _quarantine(engine_time_scale),
             "turn_scheduler": turn_scheduler,
             "turn_scheduler_config": _json_object(turn_scheduler_config),
             "cap": cap,
@@ -417,6 +420,13 @@ def _turns(
         keep_s=_SCHEDULER.keep_s / scale,
         fair_after_s=_SCHEDULER.fair_after_s / scale,
     )
+
+
+def _quarantine(scale: float) -> QuarantineConfig:
+    """The fast quarantine's thresholds; its window and hold are engine time, in wall seconds at the engines' scale
+    (the simulator's replicas run at scale 1: ten engine seconds either way)."""
+    default = QuarantineConfig()
+    return replace(default, window_seconds=default.window_seconds / scale, hold_seconds=default.hold_seconds / scale)
 
 
 def _kv_events_settings(endpoints: tuple[str, ...], port: str | None) -> KvEventsSettings:
