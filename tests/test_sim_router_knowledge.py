@@ -94,3 +94,22 @@ def test_a_known_group_shares_its_prompt_in_the_working_set() -> None:
     peer.run()
     assert peer.ledger.work is not None
     assert all(not replica.groups for replica in peer.ledger.work.replicas.values())
+
+
+def test_residency_is_told_only_where_the_engines_publish_kv_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With KV events a returning turn carries its resident context (the index's exact count); without them the router
+    has no index (``rolloutpool router`` without ``--kv-events``), so neither has the simulated one."""
+    told = [p.resident_tokens for p in _placements(_config(), "rolloutpool", monkeypatch)]
+    assert any(r is not None and r > 0 for r in told)  # returning turns found their prefix
+    assert all(
+        p.resident_tokens is None for p in _placements(replace(_config(), kv_events=False), "rolloutpool", monkeypatch)
+    )
+
+
+def test_bench_simulate_follows_the_benchs_kv_events_switch() -> None:
+    from rolloutpool.dev.bench.runner import BenchConfig  # noqa: PLC0415
+    from rolloutpool.dev.bench.simulated import fleet_config  # noqa: PLC0415
+
+    bench = BenchConfig(scenario=scenario("agentic-grpo"), routers=("rolloutpool",))
+    assert fleet_config(bench).kv_events is True
+    assert fleet_config(replace(bench, kv_events=False)).kv_events is False

@@ -180,7 +180,7 @@ def _simulate(
 @click.option(
     "--kv-events/--no-kv-events", default=True, show_default=True,
     help="The engine-sims publish KV events and our router subscribes, as a RolloutPool deploys them by default "
-    "(spec.router.kvEvents); --no-kv-events: our router presumes a prefix it let go is gone.",
+    "(spec.router.kvEvents); --no-kv-events: our router presumes a prefix it let go is gone (with --simulate too).",
 )  # fmt: skip
 @click.option(
     "--group-hint/--no-group-hint", default=False, show_default=True,

@@ -45,6 +45,10 @@ class FleetConfig:
     (``RouterConfig.infer_groups``), the peers learn none (the engines share a group's prompt blocks either way)."""
     infer_groups: bool = True
     """Our router names a group by its rollouts' opening prompt (``RouterConfig.infer_groups``, the same default)."""
+    kv_events: bool = True
+    """The engines publish KV events and the router subscribes (a RolloutPool's default): a returning turn's resident
+    context is known exactly. Off, as a router without them (``rolloutpool router`` without ``--kv-events``): unknown,
+    so a turn of a session let go is served only when its whole context fits (its blocks are presumed evicted)."""
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
     sample_interval_s: float = 30.0

@@ -215,7 +215,7 @@ class _Fleet:
         if self.recorder is not None:
             self.recorder.arrived(str(idx), now=self.now, group=str(traj.plan.group))
         resident = None
-        if traj.replica is not None and self.ledger.work is not None:  # what KV events tell the router
+        if traj.replica is not None and self.ledger.work is not None and self.cfg.kv_events:  # what KV events tell
             engine = self.drivers[traj.replica].engine
             hits = engine.pool.count_hits(traj.chain.hashes, max(0, traj.chain.length - 1) // self.block_size)
             resident = hits * self.block_size

@@ -70,6 +70,7 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         scrape_interval_s=config.scrape_interval_s * config.time_scale,
         start_spread_s=0.0,
         group_hint=config.group_hint,
+        kv_events=config.kv_events,
     )
 
 
