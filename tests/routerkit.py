@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
+from click.testing import CliRunner
 
+from rolloutpool.cli import main
 from rolloutpool.engine.server.app import ServerConfig, build_app
 from rolloutpool.router import ReplicaSpec, RouterConfig
 from rolloutpool.router import build_app as build_router
@@ -20,6 +23,17 @@ from rolloutpool.router.app import ROUTER, RouterService
 MODEL = "sim"
 ENGINE_DEFAULTS: dict[str, Any] = {"time_scale": 500.0, "num_gpu_blocks": 2048, "max_model_len": 4096, "model": MODEL}
 ROUTER_DEFAULTS: dict[str, Any] = {"scrape_interval_s": 0.2, "scrape_timeout_s": 2.0, "shutdown_timeout_s": 2.0}
+
+
+def captured_router_config(monkeypatch: pytest.MonkeyPatch, *args: str) -> RouterConfig:
+    """The config ``rolloutpool router --replica e0=http://10.0.0.7:8000 ARGS`` would serve (nothing is started)."""
+    import rolloutpool.router as router_pkg  # noqa: PLC0415
+
+    seen: dict[str, RouterConfig] = {}
+    monkeypatch.setattr(router_pkg, "run_router", lambda config, **_: seen.setdefault("config", config))
+    result = CliRunner().invoke(main, ["router", "--replica", "e0=http://10.0.0.7:8000", *args])
+    assert result.exit_code == 0, result.output
+    return seen["config"]
 
 
 @contextlib.asynccontextmanager

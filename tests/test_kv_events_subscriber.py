@@ -16,6 +16,7 @@ from rolloutpool.api.kv_events import AllBlocksCleared, BlockRemoved, BlockStore
 from rolloutpool.cli import main
 from rolloutpool.router.kv_events import ReplicaKvEvents
 from rolloutpool.router.kv_sources import KvEventSource, KvEventsSettings
+from routerkit import captured_router_config
 
 BS = 32
 
@@ -109,19 +110,9 @@ async def test_an_event_the_index_refuses_marks_it_unreliable() -> None:
     assert sub.expected == 3
 
 
-def _captured_router_config(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
-    import rolloutpool.router as router_pkg  # noqa: PLC0415
-
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(router_pkg, "run_router", lambda config, **_: seen.setdefault("config", config))
-    result = CliRunner().invoke(main, ["router", "--replica", "e0=http://10.0.0.7:8000", *args])
-    assert result.exit_code == 0, result.output
-    return seen["config"]
-
-
 def test_router_flags_configure_the_subscriptions(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _captured_router_config(monkeypatch).kv_events is None  # off by default
-    config = _captured_router_config(
+    assert captured_router_config(monkeypatch).kv_events is None  # off by default
+    config = captured_router_config(
         monkeypatch, "--kv-events-port", "5557,5558", "--kv-events", "e9=tcp://10.0.0.9:6000"
     )
     settings = config.kv_events
