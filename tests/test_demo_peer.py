@@ -17,7 +17,13 @@ from rolloutpool.sim.workload import scenario
 def test_peer_engines_take_the_pool_pods_flags_on_their_own_port() -> None:
     args = peer_engine_args(demo_pool(prometheus_url="http://prom"), 2, port=4321)
     assert args[:2] == ["--host=127.0.0.1", "--port=4321"]
-    assert {"--kv-capacity-tokens=32768", "--hardware=h100-80gb", "--time-scale=10", "--seed=2"} <= set(args)
+    assert {
+        "--kv-capacity-tokens=262144",
+        "--max-model-len=32768",
+        "--hardware=h100-80gb",
+        "--time-scale=5",
+        "--seed=2",
+    } <= set(args)
     assert not [a for a in args if "POD_IP" in a]
 
 

@@ -21,12 +21,12 @@ _console = Console()
     is_flag=True,
     help="Exit after the load (and the release of any quarantine) instead of waiting for Ctrl-C.",
 )
-@click.option("--in-flight", type=click.IntRange(min=1), default=48, show_default=True, help="Concurrent rollouts.")
+@click.option("--in-flight", type=click.IntRange(min=1), default=96, show_default=True, help="Concurrent rollouts.")
 @click.option("--load-seconds", type=click.FloatRange(min=5), default=90, show_default=True, help="Length of the load.")
 @click.option(
     "--time-scale",
     type=click.FloatRange(min=1),
-    default=10,
+    default=5,
     show_default=True,
     help="Simulated seconds per wall second of every engine-sim (lower it when the engines lag: see the summary).",
 )

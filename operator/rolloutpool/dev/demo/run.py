@@ -34,7 +34,7 @@ from rolloutpool.dev.demo.picture import draw
 from rolloutpool.dev.demo.scrape import engine_totals, router_gauges
 from rolloutpool.dev.stack import TRANSIENT_ERRORS, LocalStack
 from rolloutpool.dev.wait import wait_until
-from rolloutpool.sim.workload import Lognormal, scenario
+from rolloutpool.sim.workload import scenario
 
 __all__ = ["DemoPhases", "demo_pool", "examples_dir", "pool_table", "run_demo", "summary_table"]
 
@@ -50,8 +50,12 @@ def examples_dir() -> Path:
     return path
 
 
-def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.0) -> dict[str, Any]:
-    """The embedded default pool: small simulated engines that a laptop's load can push into eviction (pure)."""
+def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 5.0) -> dict[str, Any]:
+    """The embedded default pool: simulated H100s whose caches the demo's rollouts overfill (pure).
+
+    A 32k window and 262,144 KV tokens hold 8 rollouts at the window per replica; the demo's 96 agentic GRPO
+    rollouts on 3 replicas are 4x that, as an RL step starts them all at once.
+    """
     return {
         "apiVersion": "rolloutpool.io/v1alpha1",
         "kind": "RolloutPool",
@@ -61,14 +65,14 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 10.
             "engine": {
                 "kind": "simulated",
                 "model": "Qwen/Qwen3-8B",
-                "maxModelLen": 8192,
+                "maxModelLen": 32768,
                 "gpusPerReplica": 0,
-                "kvCapacityTokens": 32768,
+                "kvCapacityTokens": 262144,
                 "simulator": {"hardware": "h100-80gb", "timeScale": time_scale},
             },
             # the routers schedule turns so each replica's working set fits 90 % of its cache (the law tunes it);
-            # 16 sessions per replica at most, the demo's 48 rollouts over 3 replicas
-            "concurrency": {"workingSetTarget": 0.9, "maxSessionsPerReplica": 16},
+            # 32 sessions per replica at most, the demo's 96 rollouts over 3 replicas
+            "concurrency": {"workingSetTarget": 0.9, "maxSessionsPerReplica": 32},
             "router": {"replicas": 1, "idleTimeoutSeconds": 30, "queueTimeoutSeconds": 30},
             "autoscaling": {
                 "enabled": True,
@@ -181,9 +185,13 @@ def _sample(stack: LocalStack, phases: DemoPhases) -> dict[str, Any] | None:
 
 def _load(url: str, *, in_flight: int, seconds: float, time_scale: float) -> ClientResult:
     """The demo's rollouts against ``url``: the same scenario, seed and in-flight count on both sides."""
-    chat = scenario("tool-chat").with_(max_model_len=8192, turns=Lognormal(8, 16))
     config = ClientConfig(
-        base_url=url, scenario=chat, seed=0, in_flight=in_flight, duration_s=seconds, time_scale=time_scale
+        base_url=url,
+        scenario=scenario("agentic-grpo"),
+        seed=0,
+        in_flight=in_flight,
+        duration_s=seconds,
+        time_scale=time_scale,
     )
     return asyncio.run(run_client(config))
 
@@ -255,9 +263,9 @@ def run_demo(
     directory: Path,
     once: bool,
     console: Console,
-    in_flight: int = 48,
+    in_flight: int = 96,
     load_seconds: float = 90.0,
-    time_scale: float = 10.0,
+    time_scale: float = 5.0,
 ) -> None:
     """The whole demo (see the module docstring); ``once`` ends after the load (and a quarantine's release)."""
     stop = threading.Event()
