@@ -96,6 +96,10 @@ def test_fixed_cap_and_turns_variants() -> None:
     policy, changes = variant("law:maximum=0.9:preemptions_per_s=0.1")  # the operator's law with other knobs
     assert policy == "rolloutpool-adaptive"
     assert (changes["law"].maximum, changes["law"].preemptions_per_s) == (0.9, 0.1)
+    assert variant("free-restore") == ("sticky-least-loaded", {"free_restore": True})
+    assert variant("rolloutpool+free-restore") == ("rolloutpool", {"free_restore": True})
+    policy, changes = variant("turns:target=0.8+free-restore")
+    assert (policy, changes["working_set"].target, changes["free_restore"]) == ("rolloutpool", 0.8, True)
     base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
     ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["fixed-cap:12"])
     assert label == "fixed-cap:12"
@@ -112,6 +116,8 @@ def test_fixed_cap_and_turns_variants() -> None:
         ("turns:nope=1", "nope"),
         ("law:maximum=3", "maximum"),
         ("law:nope=1", "nope"),
+        ("+free-restore", "unknown variant"),
+        ("nope+free-restore", "unknown variant"),
     ],
 )
 def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:

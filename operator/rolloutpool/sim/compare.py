@@ -36,6 +36,7 @@ from rolloutpool.sim.workload import Scenario, scenario
 
 __all__ = [
     "BASELINE",
+    "FREE_RESTORE",
     "NO_EVICTION",
     "OURS",
     "VARIANTS",
@@ -55,6 +56,10 @@ __all__ = [
 BASELINE = "sticky-least-loaded"
 NO_EVICTION = "no-eviction"
 """Sticky least-loaded where nothing is evicted: the most any cap could serve with its placement."""
+FREE_RESTORE = "free-restore"
+"""Sticky least-loaded on the same KV pool, where context computed before costs nothing to compute again
+(``FleetConfig.free_restore``): the no-eviction bound without its extra memory."""
+_FREE_SUFFIX = "+free-restore"
 OURS = "rolloutpool"
 """Our router alone: turn-level scheduling with its default targets."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -62,11 +67,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     OURS: ("rolloutpool", {}),
     "adaptive": (ADAPTIVE, {}),
     NO_EVICTION: (BASELINE, {}),
+    FREE_RESTORE: (BASELINE, {"free_restore": True}),
 }
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
 Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, ``law:KEY=VALUE:...``, the peers' names (``thunderagent``,
-``progress-ttl``, ``continuum``, ``continuum-fixed``: :mod:`rolloutpool.sim.peers`) and the other placement policies
-(``consistent-hash``, ``clairvoyant``, ...) (:func:`variant`)."""
+``progress-ttl``, ``continuum``, ``continuum-fixed``: :mod:`rolloutpool.sim.peers`), the other placement policies
+(``consistent-hash``, ``clairvoyant``, ...) and any of them as ``LABEL+free-restore`` (:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -74,10 +80,14 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
 
     ``fixed-cap:N``: our router with a fixed cap of N live sessions per replica and no turn scheduling;
     ``turns:KEY=VALUE:...``: our router with these :class:`~rolloutpool.routing.workingset.WorkingSetConfig` fields;
-    ``law:KEY=VALUE:...``: our router under the operator's law with these :class:`~rolloutpool.autoscale.law.LawParams`.
+    ``law:KEY=VALUE:...``: our router under the operator's law with these :class:`~rolloutpool.autoscale.law.LawParams`;
+    ``LABEL+free-restore``: variant ``LABEL`` on engines that restore context computed before at no cost.
     """
     if label in VARIANTS:
         return VARIANTS[label]
+    if label.endswith(_FREE_SUFFIX) and label != _FREE_SUFFIX:  # any variant on engines that restore for free
+        policy, changes = variant(label.removesuffix(_FREE_SUFFIX))
+        return policy, {**changes, "free_restore": True}
     if label in PEERS or label in POLICIES:  # a peer's turn scheduler (sim/peers.py) or another placement policy
         return label, {}
     name, _, rest = label.partition(":")

@@ -49,6 +49,9 @@ class FleetConfig:
     """The engines publish KV events and the router subscribes (a RolloutPool's default): a returning turn's resident
     context is known exactly. Off, as a router without them (``rolloutpool router`` without ``--kv-events``): unknown,
     so a turn of a session let go is served only when its whole context fits (its blocks are presumed evicted)."""
+    free_restore: bool = False
+    """A bound, not a fleet: the engines restore context computed before at no cost (``EngineConfig.free_restore``),
+    on the same KV pool (the free-restore bound of sticky least-loaded)."""
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
     sample_interval_s: float = 30.0

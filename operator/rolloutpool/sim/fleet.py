@@ -96,6 +96,7 @@ class _Fleet:
             max_model_len=config.scenario.max_model_len,
             cost=config.cost or preset.cost,
             lazy_decode=True,  # nothing here looks up a decoding request's own output blocks: engine/model/core.py
+            free_restore=config.free_restore,
         )
         self.capacity = ecfg.kv_capacity_tokens
         self.block_size = ecfg.block_size
@@ -261,6 +262,10 @@ class _Fleet:
         request = Request(
             self._rid, prompt_len=prompt_len, max_tokens=max_tokens, hashes=traj.chain.hashes, tag=traj.plan.index
         )
+        if self.cfg.free_restore:  # what a cache that evicted nothing would hit comes back free
+            request.free_tokens = expected_cached_tokens(
+                previous_context=traj.prev_context, prompt_tokens=prompt_len, block_size=self.block_size
+            )
         self.ledger.turn_started(session)
         self._enqueue(replica, request)
 

@@ -297,6 +297,36 @@ class Engine:
             budget -= n_new
         return budget
 
+    def _step_cost(self, scheduled: list[tuple[Request, int]], decoders: int, decoders_kv: int) -> tuple[float, int]:
+        """The step's duration and its new tokens: ``scheduled`` chunks beside ``decoders`` more decoding over
+        ``decoders_kv`` computed tokens."""
+        prefill_tokens = free = 0  # free: tokens restored at no cost (EngineConfig.free_restore)
+        kv_read, kv_new = decoders_kv, decoders
+        pairs = 0.0  # prefill attention: a chunk of q tokens over p computed ones, q * (p + q / 2) query-key pairs
+        restoring = self.config.free_restore
+        for req, n_new in scheduled:
+            computed = req.num_computed
+            kv_read += computed
+            kv_new += n_new
+            if n_new > 1 or req.num_output == 0:
+                restored = min(n_new, req.free_tokens - computed) if restoring else 0
+                paid = n_new
+                if restored > 0:
+                    free += restored
+                    computed += restored
+                    paid -= restored
+                prefill_tokens += paid
+                pairs += paid * (computed + paid / 2)
+        if not kv_new:
+            return 0.0, 0
+        seconds = self.config.cost.step_seconds(
+            prefill_tokens=prefill_tokens,
+            decode_tokens=kv_new - prefill_tokens - free,
+            kv_tokens_read=kv_read,
+            attention_pairs=pairs,
+        )
+        return seconds, kv_new
+
     def _execute(
         self,
         scheduled: list[tuple[Request, int]],
@@ -311,27 +341,7 @@ class Engine:
         ``decoders`` more requests (the batch before ``scheduled``) decoded one token each over ``decoders_kv``
         computed tokens, lazily: they count in the cost and the counters, and ``ended`` of them finished.
         """
-        cost = self.config.cost
-        prefill_tokens = 0
-        kv_read, kv_new = decoders_kv, decoders
-        pairs = 0.0  # prefill attention: a chunk of q tokens over p computed ones, q * (p + q / 2) query-key pairs
-        for req, n_new in scheduled:
-            computed = req.num_computed
-            kv_read += computed
-            kv_new += n_new
-            if n_new > 1 or req.num_output == 0:
-                prefill_tokens += n_new
-                pairs += n_new * (computed + n_new / 2)
-        duration = (
-            cost.step_seconds(
-                prefill_tokens=prefill_tokens,
-                decode_tokens=kv_new - prefill_tokens,
-                kv_tokens_read=kv_read,
-                attention_pairs=pairs,
-            )
-            if scheduled or decoders
-            else 0.0
-        )
+        duration, kv_new = self._step_cost(scheduled, decoders, decoders_kv)
         finished: list[Request] = [] if ended is None else ended  # the batch's order: decoders first
         first: list[Request] = []
         generated = decoders
@@ -609,6 +619,8 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         self._free(req)
+        if self.config.free_restore:
+            req.free_tokens = max(req.free_tokens, req.num_computed)
         req.num_computed = 0
         req.preemptions += 1
         self.counters.preemptions += 1

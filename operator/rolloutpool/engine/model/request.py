@@ -34,6 +34,10 @@ class EngineConfig:
     every decode run (the fleet simulator's speed-up; identical results where no other request can look up a
     decoding request's unsealed output blocks, as there: each output is its own chain). Off while KV events are
     recorded."""
+    free_restore: bool = False
+    """A bound, not vLLM: context computed before costs nothing to compute again (an evicted prefix, a preempted
+    request's progress; :attr:`Request.free_tokens`). Its blocks are still allocated and its tokens still take the
+    step's token budget: the KV pool limits the batch as before, only the re-prefill is free."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -54,6 +58,7 @@ class Request:
         "cached_tokens",
         "finish_reason",
         "first_token_step",
+        "free_tokens",
         "hashes",
         "lazy_since",
         "max_tokens",
@@ -92,6 +97,8 @@ class Request:
         self.finish_reason: str | None = None
         self.pool_hint: object = None
         """The pool's hint for this request's next seal (opaque)."""
+        self.free_tokens = 0
+        """Leading tokens computed before, whose prefill costs nothing (``EngineConfig.free_restore``)."""
         self.skip_cache_read = False
         """Never look up cached blocks (vLLM skips the lookup for ``prompt_logprobs``); its own blocks get cached."""
         self.batch_order = 0
