@@ -94,7 +94,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 @pytest.fixture(scope="module")
 def manifest(stack: LocalStack) -> dict[str, Any]:
     """The demo's pool, applied with ``kubectl apply``; ``kubectl wait`` for ``Ready`` must succeed."""
-    pool = demo_pool(prometheus_url=stack.prometheus_url, time_scale=TIME_SCALE)
+    pool = demo_pool(
+        prometheus_url=stack.prometheus_url, time_scale=TIME_SCALE, kv_capacity_tokens=KV_CAPACITY, max_model_len=8192
+    )
     assert pool["spec"]["engine"]["kvCapacityTokens"] == KV_CAPACITY
     pool["spec"]["concurrency"]["workingSetTarget"] = TARGET
     assert stack.apply(yaml.safe_dump(pool)) == f"rolloutpool.rolloutpool.io/{POOL} created"

@@ -76,7 +76,9 @@ def _settled(path: Path) -> Path | None:
 def test_a_trace_recorded_by_the_router_replays_with_the_cached_tokens_it_saw(
     stack: LocalStack, tmp_path: Path
 ) -> None:
-    pool = demo_pool(prometheus_url=stack.prometheus_url, time_scale=TIME_SCALE)
+    pool = demo_pool(
+        prometheus_url=stack.prometheus_url, time_scale=TIME_SCALE, kv_capacity_tokens=32768, max_model_len=8192
+    )
     pool["spec"]["autoscaling"] = {"enabled": False}
     pool["spec"]["concurrency"] = {"workingSetTarget": TARGET}  # no maxSessionsPerReplica: the replay has none
     pool["spec"]["router"]["trace"] = {"enabled": True, "maxBytes": 64 * 1024 * 1024}

@@ -50,11 +50,19 @@ def examples_dir() -> Path:
     return path
 
 
-def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 5.0) -> dict[str, Any]:
+def demo_pool(
+    *,
+    prometheus_url: str,
+    replicas: int = 3,
+    time_scale: float = 5.0,
+    kv_capacity_tokens: int = 262144,
+    max_model_len: int = 32768,
+) -> dict[str, Any]:
     """The embedded default pool: simulated H100s whose caches the demo's rollouts overfill (pure).
 
     A 32k window and 262,144 KV tokens hold 8 rollouts at the window per replica; the demo's 96 agentic GRPO
-    rollouts on 3 replicas are 4x that, as an RL step starts them all at once.
+    rollouts on 3 replicas are 4x that, as an RL step starts them all at once. The end-to-end tests that drive
+    short rollouts of their own ask for a smaller cache and window.
     """
     return {
         "apiVersion": "rolloutpool.io/v1alpha1",
@@ -65,9 +73,9 @@ def demo_pool(*, prometheus_url: str, replicas: int = 3, time_scale: float = 5.0
             "engine": {
                 "kind": "simulated",
                 "model": "Qwen/Qwen3-8B",
-                "maxModelLen": 32768,
+                "maxModelLen": max_model_len,
                 "gpusPerReplica": 0,
-                "kvCapacityTokens": 262144,
+                "kvCapacityTokens": kv_capacity_tokens,
                 "simulator": {"hardware": "h100-80gb", "timeScale": time_scale},
             },
             # the routers schedule turns so each replica's working set fits 90 % of its cache (the law tunes it);
