@@ -18,18 +18,13 @@ Behaviours copied from vLLM's V1 scheduler (DESIGN section 5):
 - full blocks are sealed (made shareable) as soon as they are full, prompt or output.
 
 Time is not read here: :meth:`Engine.step` returns the step's duration from the cost
-model, and the caller (fleet simulator or HTTP server) owns the clock. For speed,
-:meth:`Engine.decode_run` advances many pure-decode steps at once when nothing can
-change the batch in between; its result is identical to repeated single steps. The
-engine keeps the batch's KV sum and a decode cache (each request's last step and block
-phase) up to date as it goes, so planning a run costs little more than the run itself;
-``tests/test_engine.py`` checks both against a recomputation after every step.
-
-With ``EngineConfig.lazy_decode`` (the fleet simulator) a decode run over a valid decode
-cache touches no request: it advances a lazy clock, and each request's counters and
-block seals catch up (:meth:`Engine.settle`) when it finishes, before a step, an abort,
-or when a caller asks. ``tests/test_engine_lazy.py`` runs lazy and eager engines in
-lockstep and compares every discrete result.
+model, and the caller (fleet simulator or HTTP server) owns the clock. For speed, the
+engine's base :class:`~rolloutpool.engine.model.decoderuns.DecodeRuns` advances many
+pure-decode steps at once when nothing can change the batch in between, identical to
+repeated single steps; ``tests/test_engine.py`` checks its decode cache and the batch's KV
+sum against a recomputation after every step, and ``tests/test_engine_lazy.py`` runs lazy
+(``EngineConfig.lazy_decode``: a request catches up in :meth:`Engine.settle`) and eager
+engines in lockstep.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from collections import deque
 
 from rolloutpool.engine.model.blocks import BlockPool
 from rolloutpool.engine.model.cache_events import BlocksStored, CacheEvent
+from rolloutpool.engine.model.decoderuns import DecodeRuns
 from rolloutpool.engine.model.request import EngineConfig, EngineCounters, Request, StepOutcome
 
 __all__ = ["Engine", "EngineConfig", "EngineCounters", "Request", "StepOutcome"]
@@ -48,7 +44,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Engine:
+class Engine(DecodeRuns):
     """One replica: waiting queue, running batch, block pool, counters."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -381,195 +377,6 @@ class Engine:
         self.counters.busy_seconds += duration
         self.counters.token_step_seconds += duration * generated
         return StepOutcome(duration, stepped, finished, first, preempted, generated)
-
-    # -- many decode steps at once ----------------------------------------------------
-
-    def decode_run_length(self, max_steps: int) -> int:
-        """Steps that would all be pure decode with an unchanged batch (0: use :meth:`step`).
-
-        True when every running request is decoding, nobody can be admitted, and blocks
-        suffice; the run ends at the first finish (included) or before a block shortage.
-
-        The block limit is closed form: a request with ``c`` computed tokens holds
-        ``ceil(c / bs)`` blocks and needs a new one at steps ``a + 1``, ``a + 1 + bs``,
-        ... where ``a = bs - 1 - (c - 1) % bs``, so ``s = q * bs + t`` steps cost
-        ``batch * q`` blocks plus one per request with ``(c - 1) % bs >= bs - t``.
-
-        The per-request figures (last step, phase ``(c - 1) % bs``) are kept in a cache
-        on a clock of decode steps, so that after a decode run only the finished requests
-        leave it; any other change to the batch drops it.
-        """
-        running = self.running
-        if not running or max_steps < 1:
-            return 0
-        batch = len(running)
-        if batch > self.config.max_num_batched_tokens:
-            return 0
-        fins = self._fins if self._fins is not None else self._decode_cache()
-        if fins is None:
-            return 0
-        remaining = min(fins[0][0] - self._clock, max_steps)
-        if remaining < 1 or self._admissible():
-            return 0
-        # the largest s with _blocks_needed(s) <= free: whole cycles of bs steps cost
-        # one block per request; the leftover blocks cover the `spare` requests whose
-        # next block comes soonest (largest phase)
-        cycles, spare = divmod(self.pool.num_free, batch)
-        bs, clock, counts = self._bs, self._clock, self._phase_counts
-        phase = bs - 1
-        while True:
-            spare -= counts[(phase - clock) % bs]
-            if spare < 0:
-                break
-            phase -= 1
-        steps = cycles * bs + bs - 1 - phase
-        return min(remaining, steps) if steps >= 1 else 0
-
-    def _decode_cache(self) -> list[tuple[int, int, Request]] | None:
-        """Build the decode cache when every running request is decoding (else None)."""
-        self.settle()
-        bs, model_len, clock = self._bs, self.config.max_model_len, self._clock
-        last = self.running[-1]  # the newest (just admitted, perhaps still in prefill): a quick no
-        if last.prompt_len + last.num_output - last.num_computed != 1 or last.num_output == 0:
-            return None
-        fins: list[tuple[int, int, Request]] = []
-        counts = [0] * bs
-        for req in self.running:
-            computed, out = req.num_computed, req.num_output
-            seq_len = req.prompt_len + out
-            if seq_len - computed != 1 or out == 0:
-                return None
-            fins.append((clock + min(req.max_tokens - out, model_len - seq_len), req.batch_order, req))
-            counts[(computed - 1 - clock) % bs] += 1
-        fins.sort()
-        self._fins, self._phase_counts = fins, counts
-        return fins
-
-    def decode_run_seconds(self, steps: int) -> float:
-        """Duration of the first ``steps`` steps of a decode run (pure arithmetic)."""
-        return self.config.cost.decode_run_seconds(steps=steps, batch=len(self.running), kv_tokens_read=self._kv)
-
-    def decode_steps_within(self, seconds: float, max_steps: int) -> int:
-        """The most steps (up to ``max_steps``, at least 0) of a decode run that end by ``seconds``."""
-        return self.config.cost.decode_steps_within(
-            seconds, max_steps=max_steps, batch=len(self.running), kv_tokens_read=self._kv
-        )
-
-    def decode_run(self, steps: int) -> StepOutcome:
-        """Advance ``steps`` pure-decode steps (``steps <= decode_run_length(...)``)."""
-        duration = self.decode_run_seconds(steps)
-        if self._lazy and self._fins is not None and self.pool.events is None:
-            return self._lazy_decode_run(steps, duration)
-        self.settle()
-        running = self.running
-        bs, seal, clock, events = self._bs, self.pool.seal, self._clock, self.pool.events
-        fins, counts = self._fins, self._phase_counts
-        need = self._decode_blocks_needed(steps)
-        if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
-            raise RuntimeError("decode_run asked for more steps than blocks allow")
-        # below a block of steps, a request whose (num_computed - 1) % bs stays clear of the
-        # block edges neither fills a block nor starts one: only its counters move
-        edge = steps if steps < bs else bs
-        last = bs - 1
-        for req in running:  # the loop of step() with its seal, inlined: this is the hot path
-            computed = req.num_computed + steps
-            req.num_computed = computed
-            req.num_output += steps
-            phase = (computed - 1) % bs
-            if phase >= edge and phase != last:
-                continue
-            full = computed // bs
-            n_hashed = req.n_hashed
-            if n_hashed < full:
-                hashes = req.hashes
-                full = min(full, len(hashes))
-                if n_hashed < full:
-                    if events is not None:
-                        events.append(BlocksStored(req, n_hashed, full))
-                    req.pool_hint = seal(hashes, n_hashed, full, req.pool_hint)
-                    req.n_hashed = full
-            req.n_private = -(-computed // bs) - full
-        clock += steps
-        self._clock = clock
-        self._kv += steps * len(running)
-        finished = self._decoded_finished() if fins is None or fins[0][0] <= clock else []
-        generated = steps * len(running)
-        if fins is not None and finished:
-            del fins[: len(finished)]
-            for req in finished:
-                counts[(req.num_computed - 1 - clock) % bs] -= 1
-        self._finish(finished)
-        self.counters.generation_tokens += generated
-        self.counters.steps += steps
-        self.counters.busy_seconds += duration
-        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
-        return StepOutcome(duration, steps, finished, [], [], generated)
-
-    def _lazy_decode_run(self, steps: int, duration: float) -> StepOutcome:
-        """:meth:`decode_run` touching only the requests it finishes (the decode cache is valid)."""
-        fins, counts, bs, running = self._fins, self._phase_counts, self._bs, self.running
-        assert fins is not None  # noqa: S101 -- checked by the caller
-        need = self._decode_blocks_needed(steps)
-        if need and not self.pool.take_new(need):  # pragma: no cover - guarded by decode_run_length
-            raise RuntimeError("decode_run asked for more steps than blocks allow")
-        clock = self._clock + steps
-        self._clock = clock
-        lazy_clock = self._lazy_clock + steps
-        self._lazy_clock = lazy_clock
-        self._dirty = True
-        self._kv += steps * len(running)
-        finished: list[Request] = []
-        if fins[0][0] <= clock:  # the front of the list, in batch order: _decoded_finished's order
-            done = 0
-            for fin, _, req in fins:
-                if fin > clock:
-                    break
-                done += 1
-                self._finish_lazy(req, lazy_clock)
-                finished.append(req)
-                counts[(req.num_computed - 1 - clock) % bs] -= 1
-            del fins[:done]
-        generated = steps * len(running)
-        self._finish(finished)
-        self.counters.generation_tokens += generated
-        self.counters.steps += steps
-        self.counters.busy_seconds += duration
-        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
-        return StepOutcome(duration, steps, finished, [], [], generated)
-
-    def _decode_blocks_needed(self, steps: int) -> int:
-        """:meth:`_blocks_needed` of a decode run: from the phase counts when the decode cache is valid."""
-        bs, running = self._bs, self.running
-        if self._fins is None:
-            return sum(-(-(r.num_computed + steps) // bs) - r.n_hashed - r.n_private for r in running)
-        clock, counts = self._clock, self._phase_counts
-        need = len(running) * (steps // bs)
-        for phase in range(bs - steps % bs, bs):
-            need += counts[(phase - clock) % bs]
-        return need
-
-    def _finish_lazy(self, req: Request, lazy_clock: int) -> None:
-        """A lazy decoder the decode cache says finishes now: its counters caught up and its finish reason set."""
-        self._catch_up(req, lazy_clock)
-        if req.num_output >= req.max_tokens:
-            req.finish_reason = "stop"
-        elif req.prompt_len + req.num_output >= self.config.max_model_len:
-            req.finish_reason = "length"
-        else:  # pragma: no cover - the decode cache's last step says it finishes
-            raise RuntimeError("decode cache out of step with a request")
-
-    def _decoded_finished(self) -> list[Request]:
-        """The running requests a decode run just finished, in batch order, with their finish reasons."""
-        finished: list[Request] = []
-        model_len = self.config.max_model_len
-        for req in self.running:
-            if req.num_output >= req.max_tokens:
-                req.finish_reason = "stop"
-                finished.append(req)
-            elif req.prompt_len + req.num_output >= model_len:
-                req.finish_reason = "length"
-                finished.append(req)
-        return finished
 
     def _blocks_needed(self, steps: int) -> int:
         bs = self._bs
