@@ -33,11 +33,13 @@ MODULES = (
     "rolloutpool.engine.model.blocks",
     "rolloutpool.engine.model.cache_events",
     "rolloutpool.engine.model.core",
+    "rolloutpool.engine.model.decoderuns",
     "rolloutpool.engine.model.cost",
     "rolloutpool.engine.model.hashing",
     "rolloutpool.engine.model.pins",
     "rolloutpool.engine.model.request",
     "rolloutpool.sim.fleet",
+    "rolloutpool.sim.fleet_loops",
 )
 """What is compiled: nothing outside it subclasses a class of it (mypyc classes refuse interpreted subclasses)."""
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from rolloutpool.engine.model.core import Engine, EngineConfig, Request, StepOutcome
+from rolloutpool.engine.model.core import Engine, EngineConfig, Request
 from rolloutpool.engine.model.cost import hardware_preset
 from rolloutpool.engine.model.hashing import SegmentChain
 from rolloutpool.engine.model.pins import PinningEngine
 from rolloutpool.routing.caps import CapRule
-from rolloutpool.routing.discovery import OperatorLimit
 from rolloutpool.routing.events import Admitted, Bound, Resumed
 from rolloutpool.routing.ledger import Ledger, LedgerConfig, Usage
 from rolloutpool.routing.policies import Clairvoyant, Placement, Policy, SessionAware, make_policy
@@ -29,49 +27,21 @@ from rolloutpool.routing.renewal import RenewalConfig
 from rolloutpool.routing.table import Session
 from rolloutpool.sim.adaptive import AdaptiveTargets
 from rolloutpool.sim.config import ADAPTIVE, FleetConfig
+from rolloutpool.sim.fleet_loops import ARRIVE, CONTROL, ENGINE, SAMPLE, SCRAPE, WEIGHTS, Driver, RouterLoops, Traj
 from rolloutpool.sim.peers import PeerSetup, peer_setup
 from rolloutpool.sim.renewal import SimRenewals
 from rolloutpool.sim.results import RunResult, Sample, summarize
 from rolloutpool.sim.trace_feed import TrajectoryFeed, TurnRecorder
 from rolloutpool.sim.weights import SimWeightUpdates
-from rolloutpool.sim.workload import Trajectory, TrajectorySource
+from rolloutpool.sim.workload import TrajectorySource
 
 __all__ = ["ADAPTIVE", "FleetConfig", "simulate_policy"]
 
-_ENGINE, _ARRIVE, _SCRAPE, _SAMPLE, _CONTROL, _WEIGHTS = 0, 1, 2, 3, 4, 5
 _MAX_RUN = 1_000_000
 _SEGMENT_BASE = 1 << 40  # segment ids above this are per-trajectory; below, group prompts
 
 
-@dataclass
-class _Traj:
-    plan: Trajectory
-    start: float
-    chain: SegmentChain
-    proj: int
-    """Its largest context (``plan.final_context``), computed once."""
-    turn: int = 0
-    session: Session | None = None
-    """The ledger's binding its in-flight turn was sent on."""
-    replica: str | None = None
-    prev_replica: str | None = None
-    prev_context: int = 0
-    inflight: bool = False
-
-
-@dataclass
-class _Driver:
-    name: str
-    engine: Engine
-    version: int = 0
-    busy: bool = False
-    run_start: float = 0.0
-    run_steps: int = 0
-    end: float = 0.0
-    outcome: StepOutcome | None = None
-
-
-class _Fleet:
+class _Fleet(RouterLoops):
     def __init__(
         self,
         config: FleetConfig,
@@ -102,7 +72,7 @@ class _Fleet:
         self.block_size = ecfg.block_size
         self.names = [f"r{i}" for i in range(config.replicas)]
         pins = None if peer is None else peer.pins
-        self.drivers = {n: _Driver(n, Engine(ecfg) if pins is None else PinningEngine(ecfg, pins)) for n in self.names}
+        self.drivers = {n: Driver(n, Engine(ecfg) if pins is None else PinningEngine(ecfg, pins)) for n in self.names}
         self.pinning = pins is not None  # Continuum: every engine pins a turn that ends in a tool call
         self.law = AdaptiveTargets.for_fleet(config, self.names, self.capacity) if adaptive else None
         ours = isinstance(policy, SessionAware)  # the router we ship: its turn scheduling and its fast quarantine
@@ -129,7 +99,7 @@ class _Fleet:
         self.renewals = None if every is None else SimRenewals(RenewalConfig(every))
         self.source: TrajectoryFeed = source or TrajectorySource(config.scenario, config.seed)
         self.recorder = recorder  # a trace of the run's turns (sim/trace_feed.py)
-        self.trajs: dict[int, _Traj] = {}
+        self.trajs: dict[int, Traj] = {}
         self.events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._rid = 0
@@ -146,38 +116,34 @@ class _Fleet:
         if self.weights is not None and self.law is not None:
             self.law.weight_updates = self.weights.weight_updates
 
-    # -- event plumbing ---------------------------------------------------------------
-
-    def _push(self, t: float, kind: int, data: object) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (t, self._seq, kind, data))
+    # -- the run --------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         cfg = self.cfg
         for i in range(cfg.in_flight):
             self._start_trajectory(cfg.start_spread_s * i / max(1, cfg.in_flight))
-        self._push(cfg.scrape_interval_s, _SCRAPE, None)
-        self._push(0.0, _SAMPLE, None)
+        self._push(cfg.scrape_interval_s, SCRAPE, None)
+        self._push(0.0, SAMPLE, None)
         if self.law is not None:
-            self._push(cfg.control_interval_s, _CONTROL, None)
+            self._push(cfg.control_interval_s, CONTROL, None)
         if self.weights is not None:
-            self._push(self.weights.config.every_s, _WEIGHTS, "pause")
+            self._push(self.weights.config.every_s, WEIGHTS, "pause")
         next_progress = 0.0
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
             if t > cfg.duration_s or not self.trajs:  # no trajectory left: a replayed trace has ended
                 break
             self.now = t
-            if kind == _ENGINE:
+            if kind == ENGINE:
                 self._engine_done(data)  # type: ignore[arg-type]
-            elif kind == _ARRIVE:
+            elif kind == ARRIVE:
                 self._arrive(data)  # type: ignore[arg-type]
-            elif kind == _SCRAPE:
+            elif kind == SCRAPE:
                 self._scrape()
-            elif kind == _CONTROL:
+            elif kind == CONTROL:
                 self._control()
             else:
-                self._sample() if kind == _SAMPLE else self._weights(data)  # type: ignore[arg-type]
+                self._sample() if kind == SAMPLE else self._weights(data)  # type: ignore[arg-type]
             if self.progress is not None and t >= next_progress:
                 self.progress(t)
                 next_progress = t + 60.0
@@ -208,8 +174,8 @@ class _Fleet:
         chain = SegmentChain()
         chain.extend(plan.group, plan.prompt_tokens)
         proj = plan.final_context(self.cfg.scenario.max_model_len)
-        self.trajs[plan.index] = _Traj(plan=plan, start=t, chain=chain, proj=proj)
-        self._push(t, _ARRIVE, plan.index)
+        self.trajs[plan.index] = Traj(plan=plan, start=t, chain=chain, proj=proj)
+        self._push(t, ARRIVE, plan.index)
 
     def _arrive(self, idx: int) -> None:
         traj = self.trajs[idx]
@@ -226,7 +192,7 @@ class _Fleet:
             self._submit(traj, decision.session)
         self._dispatch()  # a Queued session is submitted when the ledger admits it
 
-    def _placement(self, traj: _Traj, resident: int | None) -> Placement:
+    def _placement(self, traj: Traj, resident: int | None) -> Placement:
         """What the router knows of a turn: the session, its group (ours infers it from the opening prompt, which a
         GRPO group's rollouts share; the others know it when the clients send it), what KV events say is resident; a
         prompt's size only from the turn's usage, so only the clairvoyant reference is told it here."""
@@ -244,7 +210,7 @@ class _Fleet:
             if isinstance(event, Admitted | Resumed):
                 self._submit(self.trajs[int(event.session.session_id)], event.session)
 
-    def _submit(self, traj: _Traj, session: Session) -> None:
+    def _submit(self, traj: Traj, session: Session) -> None:
         replica = session.replica
         max_len = self.cfg.scenario.max_model_len
         prompt_len = traj.chain.length
@@ -300,9 +266,9 @@ class _Fleet:
         traj.chain.extend(_SEGMENT_BASE + plan.index * 256 + (traj.turn - 1) * 2 + 1, plan.observations[traj.turn - 1])
         if self.renewals is not None:
             self.renewals.clock.idle(str(plan.index), now=self.now)
-        self._push(self.now + plan.tool_latencies[traj.turn - 1], _ARRIVE, plan.index)
+        self._push(self.now + plan.tool_latencies[traj.turn - 1], ARRIVE, plan.index)
 
-    def _count_reprefill(self, traj: _Traj, replica: str, req: Request, *, turn: Session | None = None) -> None:
+    def _count_reprefill(self, traj: Traj, replica: str, req: Request, *, turn: Session | None = None) -> None:
         """Context computed before that missed the cache on this request (a turn, or a renewal that found it gone).
 
         All causes count in the fleet's re-prefill (a session that moved replica too); what the router sees of a
@@ -336,7 +302,7 @@ class _Fleet:
         self.live_reprefill[replica] += live
         self._dispatch()
 
-    def _finish_trajectory(self, traj: _Traj) -> None:
+    def _finish_trajectory(self, traj: Traj) -> None:
         self.ledger.release(str(traj.plan.index), how="finished", now=self.now)
         if self.recorder is not None:
             self.recorder.released(str(traj.plan.index), how="finished", now=self.now)
@@ -361,7 +327,7 @@ class _Fleet:
         if not driver.busy:
             self._start_engine(replica)
 
-    def _cut_run(self, driver: _Driver) -> None:
+    def _cut_run(self, driver: Driver) -> None:
         engine = driver.engine
         steps = engine.decode_steps_within(self.now - driver.run_start, driver.run_steps - 1) + 1
         if steps >= driver.run_steps:
@@ -371,7 +337,7 @@ class _Fleet:
         driver.run_steps = 0
         driver.end = end
         driver.version += 1
-        self._push(end, _ENGINE, (driver.name, driver.version))
+        self._push(end, ENGINE, (driver.name, driver.version))
 
     def _start_engine(self, replica: str) -> None:
         driver = self.drivers[replica]
@@ -398,7 +364,7 @@ class _Fleet:
             driver.run_steps = 0
             driver.end = self.now + out.duration
             driver.outcome = out
-        self._push(driver.end, _ENGINE, (replica, driver.version))
+        self._push(driver.end, ENGINE, (replica, driver.version))
 
     def _engine_done(self, data: tuple[str, int]) -> None:
         replica, version = data
@@ -415,108 +381,6 @@ class _Fleet:
                 else:
                     self._complete_turn(replica, req)
         self._start_engine(replica)
-
-    # -- router loops ---------------------------------------------------------------------
-
-    def _scrape(self) -> None:
-        for name, driver in self.drivers.items():
-            if isinstance(driver.engine, PinningEngine):
-                driver.engine.tick(self.now)
-            limits = self.ledger.limits.get(name)
-            pressure = None if limits is None else limits.pressure
-            quarantines = 0 if pressure is None else pressure.quarantines
-            self.ledger.observe_scrape(
-                name,
-                now=self.now,
-                preemptions_total=driver.engine.counters.preemptions,
-                waiting=len(driver.engine.waiting),
-                kv_usage=driver.engine.pool.usage,
-            )
-            if self.weights is not None and pressure is not None:
-                self.weights.attribute_scrape(name, now=self.now, entered=pressure.quarantines - quarantines)
-            self._dispatch()
-        self.ledger.tick(now=self.now)  # held turns and caps follow the clock, as in the router's round
-        self._dispatch()
-        if self.renewals is not None:
-            self._renew_due()
-        self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
-
-    def _renew_due(self) -> None:
-        assert self.renewals is not None  # noqa: S101 -- called only with renewal on
-        for sid in self.renewals.clock.due(now=self.now):
-            traj = self.trajs[int(sid)]  # a finished session is forgotten by the clock
-            session = self.ledger.lookup(sid)
-            if session is None or traj.inflight:  # pragma: no cover - an idle live session is bound and idle
-                continue
-            self._rid += 1
-            context = traj.prev_context + 1  # the last turn's prompt + output, as the client sent and received it
-            request = self.renewals.request(self._rid, chain_hashes=traj.chain.hashes, context_tokens=context, tag=sid)
-            self._enqueue(session.replica, request)
-
-    def _renewed(self, replica: str, req: Request) -> None:
-        assert self.renewals is not None  # noqa: S101 -- called only with renewal on
-        traj = self.trajs.get(int(req.tag))
-        if traj is None:  # the session's last turn finished while its renewal waited in the engine
-            return
-        # a renewal that found the prefix evicted computed it again: that is the live session's re-prefill
-        # (done early; the next turn then finds it cached), and the fast quarantine sees it as it would a turn's
-        self._count_reprefill(traj, replica, req)
-        if not traj.inflight:  # still idle: renew again later
-            self.renewals.clock.idle(req.tag, now=self.now)
-
-    def _weights(self, step: str) -> None:
-        """The weight-update scenario's steps: pause, flush once every engine is idle, resume."""
-        weights = self.weights
-        assert weights is not None  # noqa: S101 -- scheduled only with the scenario
-        if step == "pause":
-            weights.pause(now=self.now)
-            self._push(self.now + weights.config.every_s, _WEIGHTS, "pause")
-            step = "flush"
-        if step == "flush":
-            resume_at = weights.try_flush({n: d.engine for n, d in self.drivers.items()}, now=self.now)
-            if resume_at is not None:
-                self._push(resume_at, _WEIGHTS, "resume")
-        elif step == "resume":
-            for replica, request in weights.resume(now=self.now):
-                self._enqueue(replica, request)
-
-    def _control(self) -> None:
-        assert self.law is not None  # noqa: S101 -- scheduled only with a law
-        work = self.ledger.work
-        controls = self.law.step(
-            now=self.now,
-            engines={n: d.engine for n, d in self.drivers.items()},
-            live={n: self.table.replicas[n].live for n in self.names},
-            reprefill=self.live_reprefill,
-            held={n: 0 if work is None else work.held(n) for n in self.names},
-            queued=len(self.ledger.queue),
-        )
-        status = {  # what the operator writes into the pool's status, applied by the router as a whole
-            name: OperatorLimit(control.target, control.quarantined, control.reason if control.quarantined else None)
-            for name, control in controls.items()
-        }
-        self.ledger.set_operator_limits(status, now=self.now)
-        self._dispatch()
-        self._push(self.now + self.cfg.control_interval_s, _CONTROL, None)
-
-    def _sample(self) -> None:
-        for name, driver in self.drivers.items():
-            c = driver.engine.counters
-            q0, h0 = self._last_counts[name]
-            dq, dh = c.prefix_queries - q0, c.prefix_hits - h0
-            self._last_counts[name] = (c.prefix_queries, c.prefix_hits)
-            self.samples.append(
-                Sample(
-                    t=self.now,
-                    replica=name,
-                    live=self.table.replicas[name].live,
-                    hit_ratio=dh / dq if dq else None,
-                    usage=driver.engine.pool.usage,
-                    quarantined=self.table.replicas[name].quarantined,
-                    queued=len(self.ledger.queue),
-                )
-            )
-        self._push(self.now + self.cfg.sample_interval_s, _SAMPLE, None)
 
 
 def simulate_policy(
