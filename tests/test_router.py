@@ -12,8 +12,7 @@ import pytest
 
 from rolloutpool.router import ReplicaSpec, RouterConfig, parse_replica
 from rolloutpool.router.config import cap_rule, ledger_config
-from rolloutpool.router.proxy import EventRelay
-from rolloutpool.router.relay import parse_usage
+from rolloutpool.router.relay import EventRelay, parse_usage
 from rolloutpool.router.scrape import parse_signals
 from rolloutpool.router.sessions import Usage
 from rolloutpool.routing.caps import CapRule

@@ -21,7 +21,7 @@ import aiohttp
 
 from rolloutpool.dev.bench.fleet import start_engines, start_fleet
 from rolloutpool.dev.bench.processes import ProcessSet
-from rolloutpool.router.proxy import REPLICA_HEADER
+from rolloutpool.router.hop import REPLICA_HEADER
 from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
 

@@ -23,7 +23,7 @@ import pytest
 from rolloutpool.dev.bench.fleet import FleetUrls, start_engines, start_fleet
 from rolloutpool.dev.bench.processes import ProcessSet
 from rolloutpool.router.fleet import FORWARDED_HEADER, PEER_AUTH_HEADER, peer_key
-from rolloutpool.router.proxy import REPLICA_HEADER
+from rolloutpool.router.hop import REPLICA_HEADER
 from rolloutpool.routing.fleetsplit import assign_engines
 from rolloutpool.routing.fleetview import static_view
 

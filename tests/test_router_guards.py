@@ -23,7 +23,7 @@ import pytest
 from rolloutpool.dev.bench.fleet import start_engines
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
-from rolloutpool.router.proxy import REPLICA_HEADER
+from rolloutpool.router.hop import REPLICA_HEADER
 from rolloutpool.router.state import default_state_path
 
 NOWHERE = "http://127.0.0.1:9"

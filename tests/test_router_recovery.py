@@ -22,7 +22,7 @@ from rolloutpool.dev.bench.fleet import start_engines
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import signal_group
-from rolloutpool.router.proxy import REPLICA_HEADER
+from rolloutpool.router.hop import REPLICA_HEADER
 
 SESSIONS = 16
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from rolloutpool.cli import main
 from rolloutpool.dev.wait import wait_until_async
 from rolloutpool.router import ReplicaSpec, RouterConfig
-from rolloutpool.router.proxy import EventRelay
+from rolloutpool.router.relay import EventRelay
 from rolloutpool.router.renewal_body import CHAT_PATH, COMPLETIONS_PATH, TextCollector, renewal_body, response_text
 from rolloutpool.routing.quarantine import expected_cached_tokens
 from routerkit import MODEL, Router, engines, killable_engine, no_leaked_tasks, router

@@ -28,8 +28,8 @@ import uuid
 
 from aiohttp import web
 
-from rolloutpool.router.errors import error_response
-from rolloutpool.router.proxy import admission_response, read_json_object
+from rolloutpool.router.bodyread import read_json_object
+from rolloutpool.router.errors import admission_response, error_response
 from rolloutpool.router.sessions import AdmissionError, SessionManager
 from rolloutpool.routing.table import Session
 

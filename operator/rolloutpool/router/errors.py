@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-__all__ = ["error_body", "error_response"]
+from rolloutpool.router.admission import AdmissionError, QueueFullError
+
+if TYPE_CHECKING:
+    from rolloutpool.router.config import RouterConfig
+
+__all__ = ["admission_response", "error_body", "error_response"]
 
 _TYPES = {
     400: "BadRequestError",
@@ -40,3 +46,9 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
+
+
+def admission_response(exc: AdmissionError, config: RouterConfig) -> web.Response:
+    """429 when the queue is full, 503 when the wait timed out or the router stops; both with Retry-After."""
+    status = 429 if isinstance(exc, QueueFullError) else 503
+    return error_response(status, str(exc), headers={"Retry-After": str(config.retry_after_s)})

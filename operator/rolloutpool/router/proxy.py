@@ -51,15 +51,14 @@ from typing import TYPE_CHECKING
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
-from rolloutpool.router.config import RouterConfig
-from rolloutpool.router.errors import error_body, error_response
+from rolloutpool.router.bodyread import read_raw
+from rolloutpool.router.errors import admission_response, error_body, error_response
+from rolloutpool.router.hop import forward_headers, response_headers, upstream_timeout
 from rolloutpool.router.implicit import ImplicitSessions, Resolved
-from rolloutpool.router.relay import EventRelay, parse_usage, response_usage
+from rolloutpool.router.relay import EventRelay, response_usage
 from rolloutpool.router.renewal_body import TextCollector, response_text
-from rolloutpool.router.sessions import AdmissionError, QueueFullError, SessionManager
-from rolloutpool.router.types import JSONObject
+from rolloutpool.router.sessions import AdmissionError, SessionManager
 from rolloutpool.router.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from rolloutpool.routing.paths import AUXILIARY_PATHS, GENERATION_PATHS, PathKind, classify, refusal
 from rolloutpool.routing.prefixkey import KEYED_PATHS, prompt_group
@@ -71,23 +70,9 @@ if TYPE_CHECKING:
     from rolloutpool.router.fleet import Fleet
     from rolloutpool.router.renewal import Renewer
 
-__all__ = [
-    "DATA_PATHS",
-    "OPENAI_PATHS",
-    "REPLICA_HEADER",
-    "USAGE_STREAM_PATHS",
-    "EventRelay",
-    "Proxy",
-    "admission_response",
-    "parse_usage",
-    "read_json_object",
-    "upstream_timeout",
-]
+__all__ = ["DATA_PATHS", "OPENAI_PATHS", "USAGE_STREAM_PATHS", "Proxy"]
 
 _log = logging.getLogger(__name__)
-
-REPLICA_HEADER = "X-RolloutPool-Replica"
-"""Response header naming the replica that served the request."""
 
 OPENAI_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
 """Generation paths whose answers feed prefix renewal (and close a turn even without usage)."""
@@ -95,63 +80,7 @@ USAGE_STREAM_PATHS = OPENAI_PATHS | {"/inference/v1/generate"}
 """Paths that take ``stream_options.include_usage`` (the router may inject it)."""
 DATA_PATHS = GENERATION_PATHS | AUXILIARY_PATHS
 """The fixed paths of the data port (:mod:`rolloutpool.routing.paths`): plain routes, and metric labels."""
-ROUTER_HEADER_PREFIX = "x-rolloutpool-"
-"""Request headers the router and its peers own (fleet forwarding): never forwarded to an engine."""
-
-# hop-by-hop (RFC 9110 7.6.1) and what the client library sets itself
-# (and Accept-Encoding: the engine answers uncompressed, so that the router can read usage)
-_REQUEST_SKIP = frozenset(
-    (
-        "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "expect",
-        "trailer", "proxy-connection", "accept-encoding",
-    )
-)  # fmt: skip
-_RESPONSE_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"))
 _TRUE = frozenset(("1", "true", "yes", "on"))
-
-
-async def read_json_object(
-    request: web.Request, *, max_bytes: int, allow_empty: bool = False
-) -> JSONObject | web.Response:
-    """The request body as a JSON object, or the 400/413 error response to send (the router's own API)."""
-    raw = await read_raw(request, max_bytes=max_bytes)
-    if isinstance(raw, web.Response):
-        return raw
-    if allow_empty and not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return error_response(400, f"Invalid JSON body: {exc}")
-    if not isinstance(body, dict):
-        return error_response(400, "The request body must be a JSON object.")
-    return body
-
-
-async def read_raw(request: web.Request, *, max_bytes: int) -> bytes | web.Response:
-    """The request body's bytes, or the 413 error response to send."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        return error_response(413, f"Request body of {request.content_length} bytes exceeds the limit of {max_bytes}.")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, f"Request body exceeds the limit of {max_bytes} bytes.")
-
-
-def upstream_timeout(config: RouterConfig) -> aiohttp.ClientTimeout:
-    """Timeouts of a request to a replica: connect, then each read (a stream may run long; no total)."""
-    return aiohttp.ClientTimeout(
-        total=None,
-        connect=config.upstream_connect_timeout_s,
-        sock_connect=config.upstream_connect_timeout_s,
-        sock_read=config.upstream_timeout_s,
-    )
-
-
-def admission_response(exc: AdmissionError, config: RouterConfig) -> web.Response:
-    """429 when the queue is full, 503 when the wait timed out or the router stops; both with Retry-After."""
-    status = 429 if isinstance(exc, QueueFullError) else 503
-    return error_response(status, str(exc), headers={"Retry-After": str(config.retry_after_s)})
 
 
 class Proxy:
@@ -343,10 +272,10 @@ class Proxy:
                 self.manager.runtime[replica].spec.url,
                 request.method,
                 request.raw_path,
-                _forward_headers(request),
+                forward_headers(request),
                 data,
             )
-            headers = _response_headers(upstream, replica)
+            headers = response_headers(upstream, replica)
             if not upstream.header("Content-Type").startswith("text/event-stream"):
                 return web.Response(body=await upstream.read(), status=upstream.status, headers=headers)
             response = web.StreamResponse(status=upstream.status, headers=headers)
@@ -378,7 +307,7 @@ class Proxy:
         if self._pool is None:
             raise RuntimeError("the proxy serves only between startup and cleanup")
         data = body.body if body.body or request.method not in {"GET", "HEAD"} else None
-        headers = _forward_headers(request)
+        headers = forward_headers(request)
         if (body.key is not None or implicit is not None) and self.config.session_header not in request.headers:
             headers.append((self.config.session_header, session.session_id))  # vLLM stamps KV events with it
         try:
@@ -417,7 +346,7 @@ class Proxy:
             self._answered(
                 session=session, path=path, body=body, payload=payload, ctype=ctype, renewer=renewer, request=request
             )
-        return web.Response(body=payload, status=upstream.status, headers=_response_headers(upstream, replica))
+        return web.Response(body=payload, status=upstream.status, headers=response_headers(upstream, replica))
 
     def _answered(
         self,
@@ -458,7 +387,7 @@ class Proxy:
         drop_usage_chunk: bool,
         collector: TextCollector | None,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers=_response_headers(upstream, session.replica))
+        response = web.StreamResponse(headers=response_headers(upstream, session.replica))
         relay = EventRelay(drop_usage_chunk=drop_usage_chunk, collector=collector)
         try:
             await response.prepare(request)
@@ -502,22 +431,3 @@ class Proxy:
         except ConnectionError:
             pass
         return response
-
-
-def _forward_headers(request: web.Request) -> list[tuple[str, str]]:
-    """The client's headers an engine receives: none hop-by-hop, none of the router's own."""
-    return [
-        (k, v)
-        for k, v in request.headers.items()
-        if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(ROUTER_HEADER_PREFIX)
-    ]
-
-
-def _response_headers(upstream: UpstreamResponse, replica: str) -> CIMultiDict[str]:
-    """The upstream's response headers without the hop-by-hop ones, plus the replica's name."""
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers:
-        if name.lower() not in _RESPONSE_SKIP:
-            out.add(name, value)
-    out[REPLICA_HEADER] = replica
-    return out

@@ -35,7 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from rolloutpool.router.proxy import parse_usage, upstream_timeout
+from rolloutpool.router.hop import upstream_timeout
+from rolloutpool.router.relay import parse_usage
 from rolloutpool.router.renewal_body import renewal_body
 from rolloutpool.router.sessions import SessionManager, Usage
 from rolloutpool.router.types import JSONObject
