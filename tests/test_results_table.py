@@ -71,13 +71,13 @@ def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:
     document = {"ratios": [{"scenario": "agentic-grpo", "load": 3.0, "router": "rolloutpool", "tokens_per_s": 1482.4,
                             "ratio": 1.01, "evicted_pct": 12.3}],
                 "points": [{"scenario": "agentic-grpo", "load": 3.0, "config": {"context_scale": 0.25}}]}  # fmt: skip
-    config = {"context_scale": 1.0, "kv_events": True, "prefill_cost_scale": 2.0}
+    config = {"context_scale": 1.0, "kv_events": True, "prefill_cost_scale": 2.0, "duration_s": 180.0}
     unscaled = {"ratios": [{**document["ratios"][0], "tokens_per_s": 2000.0}],
                 "points": [{"scenario": "agentic-grpo", "load": 3.0, "config": config}]}  # fmt: skip
     table = bench_table([document, unscaled, {"ratios": document["ratios"]}])
-    assert "| agentic-grpo | 0.25 | x1 | off | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table  # made before both
-    assert "| agentic-grpo | 1 | x2 | on | 3x | rolloutpool | 2,000 | 1.010 | - | 12 |" in table
-    assert "| agentic-grpo | - | - | - | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table  # without its points
+    assert "| agentic-grpo | 0.25 | x1 | off | - | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table  # made early
+    assert "| agentic-grpo | 1 | x2 | on | 180 | 3x | rolloutpool | 2,000 | 1.010 | - | 12 |" in table
+    assert "| agentic-grpo | - | - | - | - | 3x | rolloutpool | 1,482 | 1.010 | - | 12 |" in table  # without its points
     assert bench_commands({"command": "rolloutpool bench --load 3"}) == ["- `rolloutpool bench --load 3`"]
 
 
@@ -102,9 +102,10 @@ def test_the_bench_table_gives_the_medians_of_repeated_runs_and_each_runs_ratio(
     combined = json.loads((out / "combined.json").read_text())
     assert combined["points"] == [{"scenario": "agentic-grpo", "load": 2.0, "config": {"context_scale": 0.25}}]
     table = bench_table([combined])
-    assert "| agentic-grpo | 0.25 | x1 | off | 2x | rolloutpool | 1,001 | 0.995 | 0.987 / 1.004 / 0.995 | 25 |" in table
+    row = "| agentic-grpo | 0.25 | x1 | off | - | 2x | rolloutpool | 1,001 | 0.995 | 0.987 / 1.004 / 0.995 | 25 |"
+    assert row in table
     assert bench_commands(combined) == [
-        f"- `rolloutpool bench --load 2 --out r{r}` (run {i} of 3; the table gives medians)"
+        f"- `rolloutpool bench --load 2 --out r{r}` (combined run {i} of 3; the table gives each point's median)"
         for i, r in ((1, 0.987), (2, 1.004), (3, 0.995))
     ]
 

@@ -156,14 +156,14 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     ``combined.json`` of ``bench --combine`` over repeated runs) (pure).
 
     Per scenario, context scale, prefill cost (the engine-sims' ``--prefill-cost-scale``), KV events (our router
-    subscribed or not), load and router: generated tokens/s, the ratio over vllm-router sticky least-loaded the
-    bench computed, and the share of prefilled tokens that were re-prefill of evicted context; for repeated runs,
-    the median of each figure and every run's own ratio.
+    subscribed or not), measured window (wall seconds, ``--duration``), load and router: generated tokens/s, the
+    ratio over vllm-router sticky least-loaded the bench computed, and the share of prefilled tokens that were
+    re-prefill of evicted context; for repeated runs, the median of each figure and every run's own ratio.
     """
     lines = [
-        "| scenario | context scale | prefill cost | KV events | load | router | generated tok/s "
+        "| scenario | context scale | prefill cost | KV events | window s | load | router | generated tok/s "
         "| / vllm-router sticky least-loaded | ratio per run | re-prefilled % |",
-        "|---|--:|--:|---|--:|---|--:|--:|--:|--:|",
+        "|---|--:|--:|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     for document in documents:
         configs = {
@@ -177,9 +177,11 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
             scale = config.get("context_scale")
             price = "-" if not config else f"x{float(config.get('prefill_cost_scale', 1.0)):g}"
             events = "-" if not config else "on" if config.get("kv_events") else "off"  # absent: made before the flag
+            window = config.get("duration_s")
             each = row.get("ratios")
             lines.append(
                 f"| {row['scenario']} | {'-' if scale is None else f'{float(scale):g}'} | {price} | {events} | "
+                f"{'-' if window is None else f'{float(window):g}'} | "
                 f"{float(row['load']):g}x | {row['router']} | "
                 f"{'-' if rate is None else f'{rate:,.0f}'} | {_ratio(row.get('ratio'))} | "
                 f"{'-' if not each else ' / '.join(_ratio(r) for r in each)} | "
@@ -193,7 +195,9 @@ def bench_commands(document: Mapping[str, Any]) -> list[str]:
     commands = document.get("commands")
     if not commands:
         return [f"- `{document.get('command', '?')}`"]
-    return [f"- `{c}` (run {i} of {len(commands)}; the table gives medians)" for i, c in enumerate(commands, 1)]
+    n = len(commands)
+    note = "the table gives each point's median"
+    return [f"- `{c}` (combined run {i} of {n}; {note})" for i, c in enumerate(commands, 1)]
 
 
 def first_rows(
