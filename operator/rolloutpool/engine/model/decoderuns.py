@@ -163,12 +163,7 @@ class DecodeRuns:
             del fins[: len(finished)]
             for req in finished:
                 counts[(req.num_computed - 1 - clock) % bs] -= 1
-        self._finish(finished)
-        self.counters.generation_tokens += generated
-        self.counters.steps += steps
-        self.counters.busy_seconds += duration
-        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
-        return StepOutcome(duration, steps, finished, [], [], generated)
+        return self._decoded(steps, duration, finished, generated)
 
     def _lazy_decode_run(self, steps: int, duration: float) -> StepOutcome:
         """:meth:`decode_run` touching only the requests it finishes (the decode cache is valid)."""
@@ -195,11 +190,16 @@ class DecodeRuns:
                 counts[(req.num_computed - 1 - clock) % bs] -= 1
             del fins[:done]
         generated = steps * len(running)
+        return self._decoded(steps, duration, finished, generated)
+
+    def _decoded(self, steps: int, duration: float, finished: list[Request], generated: int) -> StepOutcome:
+        """A decode run's end: its finished requests leave the batch, the counters take its steps."""
         self._finish(finished)
-        self.counters.generation_tokens += generated
-        self.counters.steps += steps
-        self.counters.busy_seconds += duration
-        self.counters.token_step_seconds += duration / steps * generated if steps else 0.0
+        counters = self.counters
+        counters.generation_tokens += generated
+        counters.steps += steps
+        counters.busy_seconds += duration
+        counters.token_step_seconds += duration / steps * generated if steps else 0.0
         return StepOutcome(duration, steps, finished, [], [], generated)
 
     def _decode_blocks_needed(self, steps: int) -> int:
