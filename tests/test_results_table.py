@@ -14,6 +14,7 @@ from rolloutpool.dev.bench.results_table import (
     bench_commands,
     bench_table,
     first_rows,
+    glance_table,
     misses,
     replace_block,
     sim_table,
@@ -65,6 +66,39 @@ def test_misses_names_each_criterion_our_router_fails() -> None:
     assert misses(ours=0.999, evicted=0.05, best_peer=None, clairvoyant=None, bound=1.0) == [">= sLL"]  # little evicted
     assert misses(ours=0.9996, evicted=0.05, best_peer=None, clairvoyant=None, bound=1.0) == []  # 1.000 as printed
     assert misses(ours=None, evicted=0.5, best_peer=1.0, clairvoyant=None, bound=None) == []
+
+
+def test_the_glance_table_gives_ours_per_load_against_the_best_peer_and_at_the_other_prices() -> None:
+    rows = [
+        _row("sticky-least-loaded", 1.0, load=1.0),
+        _row("rolloutpool", 0.999, load=1.0),
+        _row("thunderagent", 1.0, load=1.0),
+        _row("sticky-least-loaded", 1.0),
+        _row("rolloutpool", 1.2),
+        _row("thunderagent", 1.1),
+        _row("continuum", 1.05),
+        _row("sticky-least-loaded", 1.0, seed=1),
+        _row("rolloutpool", 1.4, seed=1),
+    ]
+    halved = [_row("sticky-least-loaded", 1.0), _row("rolloutpool", 1.05)]
+    real = {"ratios": [{"scenario": "agentic-grpo", "load": 3.0, "router": "rolloutpool", "ratio": 1.12},
+                       {"scenario": "agentic-grpo", "load": 3.0, "router": "vllm-sticky-least-loaded", "ratio": 1.0},
+                       {"scenario": "agentic-grpo", "load": 1.0, "router": "rolloutpool", "ratio": 0.9995}],
+            "points": [{"scenario": "agentic-grpo", "load": load, "config": {"context_scale": 1.0, "duration_s": 180.0}}
+                       for load in (1.0, 3.0)]}  # fmt: skip
+    point = {"scenario": "agentic-grpo", "load": 3.0, "config": {"prefill_cost_scale": 2.0}}
+    doubled = {"ratios": [{"scenario": "agentic-grpo", "load": 3.0, "router": "rolloutpool", "ratio": 1.5}],
+               "points": [point]}  # fmt: skip
+    lines = glance_table({1.0: rows, 0.5: halved}, [real, doubled]).splitlines()
+    assert lines[0] == "| scenario | ours / sLL, 1x | ours / sLL, 3x | ours / best peer, 3x | 3x, prefill x0.5 |"
+    # ours: the mean over its seeds; against the best peer on the seeds both ran (seed 0)
+    assert lines[2] == f"| agentic-grpo | 0.999 | 1.300 | {1.2 / 1.1:.3f} | 1.050 |"
+    assert lines[4:] == [  # the real runs at the published price only, ours over sticky least-loaded
+        "| context scale | window s | ours / vllm-router sLL, 1x | ours / vllm-router sLL, 3x |",
+        "|--:|--:|--:|--:|",
+        "| 1 | 180 | 1.000 | 1.120 |",
+    ]
+    assert glance_table({1.0: rows}, []).count("\n") == 3  # no real runs: the simulated table alone
 
 
 def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:

@@ -2,11 +2,11 @@
 
 Inputs are what the project's commands write: ``rolloutpool simulate-compare --json`` (one file per
 prefill-cost scale; its ``meta`` names the scale) and ``rolloutpool bench --json`` (real processes).
-The output is Markdown: per prefill-cost scale, scenario and load, our router alone and under the
-operator's law against sticky least-loaded, each peer that ran and the best of them, the clairvoyant
-reference, the no-eviction bound, and which acceptance criteria ours misses there; then the
-real-process runs. ``--write FILE`` replaces the block between
-``<!-- results:begin -->`` and ``<!-- results:end -->`` in FILE.
+The output is Markdown: first the few figures a user reads first (:func:`glance_table`); then, per
+prefill-cost scale, scenario and load, our router alone and under the operator's law against sticky
+least-loaded, each peer that ran and the best of them, the clairvoyant reference, the no-eviction
+bound, and which acceptance criteria ours misses there; then the real-process runs. ``--write FILE``
+replaces the block between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in FILE.
 
 ``python -m rolloutpool.dev.bench.results_table --sim a.json --sim b.json --bench c.json --write docs/benchmarks.md``
 """
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEERS", "bench_commands", "bench_table", "main", "misses", "replace_block", "sim_table"]
+__all__ = ["PEERS", "bench_commands", "bench_table", "glance_table", "main", "misses", "replace_block", "sim_table"]
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 BASELINE, OURS, ADAPTIVE, BOUND = "sticky-least-loaded", "rolloutpool", "adaptive", "no-eviction"
@@ -101,6 +101,19 @@ def _point_misses(point: Mapping[str, list[Mapping[str, Any]]], peer_names: Sequ
     return list(found)
 
 
+def _versus_best(
+    point: Mapping[str, list[Mapping[str, Any]]], peer_names: Sequence[str]
+) -> tuple[dict[str, float], str | None, float | None]:
+    """Each peer's mean ratio at a point, the best of them, and ours over it on the seeds both ran (pure)."""
+    ours = _by_seed(point.get(OURS, []), "vs_baseline")
+    peers = {name: _by_seed(point.get(name, []), "vs_baseline") for name in peer_names}
+    known = {n: sum(v.values()) / len(v) for n, v in peers.items() if v}
+    best = max(known, key=lambda n: known[n]) if known else None
+    common = [seed for seed in ours if best is not None and seed in peers[best]]
+    versus = (sum(ours[x] for x in common) / sum(peers[best][x] for x in common)) if best and common else None
+    return known, best, versus
+
+
 def _scale_table(main: dict[Key, dict[str, list[Mapping[str, Any]]]]) -> str:
     peer_names = sorted({v for point in main.values() for v in point if v in PEERS})
     clairvoyant = any(CLAIRVOYANT in point for point in main.values())
@@ -116,11 +129,7 @@ def _scale_table(main: dict[Key, dict[str, list[Mapping[str, Any]]]]) -> str:
         base = point.get(BASELINE, [])
         evicted = _mean(base, "baseline_evicted_share")
         ours = _by_seed(point.get(OURS, []), "vs_baseline")
-        peers = {name: _by_seed(point.get(name, []), "vs_baseline") for name in peer_names}
-        known = {n: sum(v.values()) / len(v) for n, v in peers.items() if v}
-        best = max(known, key=lambda n: known[n]) if known else None
-        common = [seed for seed in ours if best is not None and seed in peers[best]]
-        versus = (sum(ours[x] for x in common) / sum(peers[best][x] for x in common)) if best and common else None
+        known, best, versus = _versus_best(point, peer_names)
         cells = [scenario, f"{load:g}x", str(len({r["seed"] for r in base})),
                  "-" if evicted is None else f"{100 * evicted:.0f}",
                  _ratio(sum(ours.values()) / len(ours) if ours else None)]  # fmt: skip
@@ -151,6 +160,62 @@ def sim_table(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
     return "\n".join(sections)
 
 
+def glance_table(runs: Mapping[float, list[Mapping[str, Any]]], documents: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown of the few figures a user reads first (pure): the simulated ones (:func:`_glance_sim`), then the real
+    processes' at the published prefill price, ours over vllm-router's sticky least-loaded per context scale and
+    measured window (medians of the runs combined)."""
+    real: dict[tuple[float, float], dict[float, float]] = defaultdict(dict)
+    for document in documents:
+        configs = _configs(document)
+        for row in document.get("rows", document.get("ratios")) or []:
+            config = configs.get((str(row["scenario"]), float(row["load"])), {})
+            if row["router"] != OURS or float(config.get("prefill_cost_scale", 1.0)) != 1.0 or row.get("ratio") is None:
+                continue
+            key = (float(config.get("context_scale", 0.0)), float(config.get("duration_s", 0.0)))
+            real[key][float(row["load"])] = float(row["ratio"])
+    sim = _glance_sim(runs)
+    if not real:
+        return sim
+    loads = sorted({load for by_load in real.values() for load in by_load})
+    lines = ["| context scale | window s | " + " | ".join(f"ours / vllm-router sLL, {x:g}x" for x in loads) + " |",
+             "|--:|--:|" + "--:|" * len(loads)]  # fmt: skip
+    for (scale, window), by_load in sorted(real.items()):
+        lines.append(f"| {scale:g} | {window:g} | " + " | ".join(_ratio(by_load.get(x)) for x in loads) + " |")
+    return sim + "\n" + "\n".join(lines) + "\n"
+
+
+def _glance_sim(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
+    """Per scenario: ours over sticky least-loaded at each load (the mean over seeds) and over the best peer at 3x and
+    4x, at the published prefill price; then ours at 3x and 4x with prefill halved and doubled (pure)."""
+    main = _by_point(runs.get(1.0, []))
+    others = {scale: _by_point(rows) for scale, rows in sorted(runs.items()) if scale != 1.0}
+    loads = sorted({load for _, load in main})
+    pressured = [load for load in loads if load >= 3]
+    peer_names = sorted({v for point in main.values() for v in point if v in PEERS})
+    head = [f"ours / sLL, {load:g}x" for load in loads]
+    head += [f"ours / best peer, {load:g}x" for load in pressured] if peer_names else []
+    head += [f"{load:g}x, prefill x{scale:g}" for scale in others for load in pressured]
+    lines = ["| scenario | " + " | ".join(head) + " |", "|---|" + "--:|" * len(head)]
+
+    def ours(point: Mapping[str, list[Mapping[str, Any]]] | None) -> str:
+        return _ratio(None if point is None else _mean(point.get(OURS, []), "vs_baseline"))
+
+    for name in sorted({scenario for scenario, _ in main}):
+        cells = [ours(main.get((name, load))) for load in loads]
+        if peer_names:
+            cells += [_ratio(_versus_best(main.get((name, load), {}), peer_names)[2]) for load in pressured]
+        cells += [ours(points.get((name, load))) for points in others.values() for load in pressured]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _configs(document: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
+    """A bench document's configuration of each (scenario, load) it ran (pure)."""
+    return {
+        (str(p.get("scenario")), float(p.get("load", 0))): p.get("config") or {} for p in document.get("points") or []
+    }
+
+
 def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     """Markdown of real-process sweeps (``rolloutpool bench`` with several ``--load``: its ``bench.json``, or the
     ``combined.json`` of ``bench --combine`` over repeated runs) (pure).
@@ -166,10 +231,7 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
         "|---|--:|--:|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     for document in documents:
-        configs = {
-            (str(p.get("scenario")), float(p.get("load", 0))): p.get("config") or {}
-            for p in document.get("points") or []
-        }
+        configs = _configs(document)
         for row in document.get("rows", document.get("ratios")) or []:
             rate = row.get("tokens_per_s")
             pct = row.get("evicted_pct")
@@ -245,10 +307,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = data["meta"]
         notes.append(f"`{path.name}`: {meta.get('replicas')} replicas, {meta.get('duration_s'):g} simulated s, "
                      f"prefill cost x{scale:g}")  # fmt: skip
-    block = "### Simulated (fleet simulator, calibrated H100 cost model)\n\n" + sim_table(runs) + "\n"
+    documents = [json.loads(p.read_text()) for p in args.bench]
+    block = "### At a glance\n\n" + glance_table(runs, documents) + "\n"
+    block += "### Simulated (fleet simulator, calibrated H100 cost model)\n\n" + sim_table(runs) + "\n"
     block += "".join(f"- {n}\n" for n in notes)
     if args.bench:
-        documents = [json.loads(p.read_text()) for p in args.bench]
         block += "\n### Real processes (`rolloutpool bench`, four engine-sims)\n\n" + bench_table(documents)
         block += "\n" + "".join(f"{line}\n" for d in documents for line in bench_commands(d))
     if args.write is None:
