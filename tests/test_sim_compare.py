@@ -100,6 +100,9 @@ def test_fixed_cap_and_turns_variants() -> None:
     assert variant("rolloutpool+free-restore") == ("rolloutpool", {"free_restore": True})
     policy, changes = variant("turns:target=0.8+free-restore")
     assert (policy, changes["working_set"].target, changes["free_restore"]) == ("rolloutpool", 0.8, True)
+    no_groups = {"infer_groups": False, "group_hint": False}
+    assert variant("rolloutpool+no-groups") == ("rolloutpool", no_groups)
+    assert variant("rolloutpool+no-groups+free-restore") == ("rolloutpool", {**no_groups, "free_restore": True})
     base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
     ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["fixed-cap:12"])
     assert label == "fixed-cap:12"
@@ -118,6 +121,7 @@ def test_fixed_cap_and_turns_variants() -> None:
         ("law:nope=1", "nope"),
         ("+free-restore", "unknown variant"),
         ("nope+free-restore", "unknown variant"),
+        ("+no-groups", "unknown variant"),
     ],
 )
 def test_malformed_variants_are_refused_with_what_is_wrong(label: str, message: str) -> None:

@@ -59,7 +59,13 @@ NO_EVICTION = "no-eviction"
 FREE_RESTORE = "free-restore"
 """Sticky least-loaded on the same KV pool, where context computed before costs nothing to compute again
 (``FleetConfig.free_restore``): the no-eviction bound without its extra memory."""
-_FREE_SUFFIX = "+free-restore"
+_SUFFIXES: dict[str, dict[str, Any]] = {
+    "+free-restore": {"free_restore": True},
+    "+no-groups": {"infer_groups": False, "group_hint": False},
+}
+"""``LABEL+SUFFIX``: variant ``LABEL`` with these FleetConfig changes (engines that restore context computed before at
+no cost; a router told no GRPO group and naming none by the opening prompt, as ``rolloutpool router
+--no-infer-groups``)."""
 OURS = "rolloutpool"
 """Our router alone: turn-level scheduling with its default targets."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -72,7 +78,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 """Variant label -> (policy, FleetConfig changes); ``NO_EVICTION`` also gets :func:`every_session_resident`.
 Also ``fixed-cap:N``, ``turns:KEY=VALUE:...``, ``law:KEY=VALUE:...``, the peers' names (``thunderagent``,
 ``progress-ttl``, ``continuum``, ``continuum-fixed``: :mod:`rolloutpool.sim.peers`), the other placement policies
-(``consistent-hash``, ``clairvoyant``, ...) and any of them as ``LABEL+free-restore`` (:func:`variant`)."""
+(``consistent-hash``, ``clairvoyant``, ...) and any of them as ``LABEL+free-restore`` or ``LABEL+no-groups``
+(:func:`variant`)."""
 
 
 def variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -81,13 +88,15 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     ``fixed-cap:N``: our router with a fixed cap of N live sessions per replica and no turn scheduling;
     ``turns:KEY=VALUE:...``: our router with these :class:`~rolloutpool.routing.workingset.WorkingSetConfig` fields;
     ``law:KEY=VALUE:...``: our router under the operator's law with these :class:`~rolloutpool.autoscale.law.LawParams`;
-    ``LABEL+free-restore``: variant ``LABEL`` on engines that restore context computed before at no cost.
+    ``LABEL+free-restore``: variant ``LABEL`` on engines that restore context computed before at no cost;
+    ``LABEL+no-groups``: variant ``LABEL`` with no GRPO group known or named (suffixes combine).
     """
     if label in VARIANTS:
         return VARIANTS[label]
-    if label.endswith(_FREE_SUFFIX) and label != _FREE_SUFFIX:  # any variant on engines that restore for free
-        policy, changes = variant(label.removesuffix(_FREE_SUFFIX))
-        return policy, {**changes, "free_restore": True}
+    for suffix, extra in _SUFFIXES.items():
+        if label.endswith(suffix) and label != suffix:
+            policy, changes = variant(label.removesuffix(suffix))
+            return policy, {**changes, **extra}
     if label in PEERS or label in POLICIES:  # a peer's turn scheduler (sim/peers.py) or another placement policy
         return label, {}
     name, _, rest = label.partition(":")
