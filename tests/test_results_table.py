@@ -99,6 +99,8 @@ def test_the_glance_table_gives_ours_per_load_against_the_best_peer_and_at_the_o
         "| 1 | 180 | 1.000 | 1.120 |",
     ]
     assert glance_table({1.0: rows}, []).count("\n") == 3  # no real runs: the simulated table alone
+    table = bench_table([real]).splitlines()
+    assert [line.split(" | ")[5] for line in table[2:]] == ["1x", "3x", "3x"]  # by load, each point's routers in order
 
 
 def test_the_bench_table_reads_a_sweeps_ratio_rows() -> None:

@@ -209,6 +209,13 @@ def _glance_sim(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _by_load(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A bench document's rows by scenario and load, each point's routers in their order (pure): combined runs of
+    different loads list their points in the order the runs were given."""
+    rows: list[Mapping[str, Any]] = document.get("rows", document.get("ratios")) or []
+    return sorted(rows, key=lambda row: (str(row["scenario"]), float(row["load"])))
+
+
 def _configs(document: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
     """A bench document's configuration of each (scenario, load) it ran (pure)."""
     return {
@@ -223,7 +230,8 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     Per scenario, context scale, prefill cost (the engine-sims' ``--prefill-cost-scale``), KV events (our router
     subscribed or not), measured window (wall seconds, ``--duration``), load and router: generated tokens/s, the
     ratio over vllm-router sticky least-loaded the bench computed, and the share of prefilled tokens that were
-    re-prefill of evicted context; for repeated runs, the median of each figure and every run's own ratio.
+    re-prefill of evicted context; for repeated runs, the median of each figure and every run's own ratio. Rows
+    go by scenario and load.
     """
     lines = [
         "| scenario | context scale | prefill cost | KV events | window s | load | router | generated tok/s "
@@ -232,7 +240,7 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
     ]
     for document in documents:
         configs = _configs(document)
-        for row in document.get("rows", document.get("ratios")) or []:
+        for row in _by_load(document):
             rate = row.get("tokens_per_s")
             pct = row.get("evicted_pct")
             config = configs.get((str(row["scenario"]), float(row["load"])), {})
