@@ -166,9 +166,7 @@ def glance_table(runs: Mapping[float, list[Mapping[str, Any]]], documents: Seque
     measured window (medians of the runs combined)."""
     real: dict[tuple[float, float], dict[float, float]] = defaultdict(dict)
     for document in documents:
-        configs = _configs(document)
-        for row in document.get("rows", document.get("ratios")) or []:
-            config = configs.get((str(row["scenario"]), float(row["load"])), {})
+        for row, config in _rows(document):
             if row["router"] != OURS or float(config.get("prefill_cost_scale", 1.0)) != 1.0 or row.get("ratio") is None:
                 continue
             key = (float(config.get("context_scale", 0.0)), float(config.get("duration_s", 0.0)))
@@ -209,18 +207,15 @@ def _glance_sim(runs: Mapping[float, list[Mapping[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _by_load(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """A bench document's rows by scenario and load, each point's routers in their order (pure): combined runs of
-    different loads list their points in the order the runs were given."""
+def _rows(document: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """A bench document's rows, each with its point's configuration ({} for a document made without), by scenario
+    and load, each point's routers in their order (pure): combined runs of different loads list their points in the
+    order the runs were given."""
+    configs = {(str(p.get("scenario")), float(p.get("load", 0))): p.get("config") or {}
+               for p in document.get("points") or []}  # fmt: skip
     rows: list[Mapping[str, Any]] = document.get("rows", document.get("ratios")) or []
-    return sorted(rows, key=lambda row: (str(row["scenario"]), float(row["load"])))
-
-
-def _configs(document: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
-    """A bench document's configuration of each (scenario, load) it ran (pure)."""
-    return {
-        (str(p.get("scenario")), float(p.get("load", 0))): p.get("config") or {} for p in document.get("points") or []
-    }
+    ordered = sorted(rows, key=lambda row: (str(row["scenario"]), float(row["load"])))
+    return [(row, configs.get((str(row["scenario"]), float(row["load"])), {})) for row in ordered]
 
 
 def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
@@ -239,11 +234,9 @@ def bench_table(documents: Sequence[Mapping[str, Any]]) -> str:
         "|---|--:|--:|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     for document in documents:
-        configs = _configs(document)
-        for row in _by_load(document):
+        for row, config in _rows(document):
             rate = row.get("tokens_per_s")
             pct = row.get("evicted_pct")
-            config = configs.get((str(row["scenario"]), float(row["load"])), {})
             scale = config.get("context_scale")
             price = "-" if not config else f"x{float(config.get('prefill_cost_scale', 1.0)):g}"
             events = "-" if not config else "on" if config.get("kv_events") else "off"  # absent: made before the flag
