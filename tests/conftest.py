@@ -14,12 +14,14 @@ settings.load_profile("shared-machine")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse to test a compiled module (rolloutpool.sim.compiled) older than its source: Python would import the
-    extension and the tests would run old code."""
-    from rolloutpool.sim.compiled import stale, stale_message  # noqa: PLC0415
+    """The tests import the simulator's pure Python (the reference) even where it is compiled (rolloutpool.sim.compiled;
+    tests/test_sim_compiled.py compares the two), and refuse a compiled module older than its source: the processes
+    the tests start (engine-sim, simulate) would import the extension and run old code."""
+    from rolloutpool.sim.compiled import prefer_sources, stale, stale_message  # noqa: PLC0415
 
     if old := stale():
         pytest.exit(stale_message(old), returncode=pytest.ExitCode.USAGE_ERROR)
+    prefer_sources()
 
 
 @pytest.fixture(scope="session", autouse=True)

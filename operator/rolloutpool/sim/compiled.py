@@ -1,22 +1,29 @@
-"""The fleet simulator's optional compiled speed-up: its hot modules built with mypyc, in place (I/O).
+"""The fleet simulator's compiled speed-up: its hot modules built with mypyc, in place (I/O).
 
-Pure Python is the default and the reference. ``python -m rolloutpool.sim.compiled build`` compiles
+Pure Python is the reference, what the tests import and what the image ships; the README's set-up compiles
+(``ensure``, below). ``python -m rolloutpool.sim.compiled build`` compiles
 :data:`MODULES` (the engine model and the fleet's event loop: about 80 % of a ``rolloutpool
 simulate`` run's CPU) with mypyc, which ships with mypy (a dev dependency), and a C compiler; the
 extension modules land next to their sources in a source checkout, where Python imports them
 instead of the ``.py`` files. The results are identical (``tests/test_sim_compiled.py`` checks the
-logic here; the figures were compared run by run), and a default ``simulate`` takes about half the
-CPU. ``clean`` removes them; ``status`` says which modules run compiled.
+logic here and compares a compiled run with a pure one), and a default ``simulate`` takes about 0.44 of the
+time. ``clean`` removes them; ``status`` says which modules run compiled.
 
 A compiled module does not follow later edits of its source. The build records each source's
 SHA-256 in :data:`STAMP`; :func:`stale` names the compiled modules whose source changed since, and
 ``rolloutpool simulate``, ``rolloutpool engine-sim`` and the test suite (tests/conftest.py) refuse to run
 with any (rebuild or clean).
+
+``ensure`` (what the README's set-up, ``bash .ci/dev``, runs) leaves a current build alone, else copies in
+this machine's earlier build of the same sources, Python and mypyc (``~/.cache/rolloutpool/mypyc-<key>/``,
+``ROLLOUTPOOL_CACHE`` overrides the folder), else builds and keeps a copy there: a fresh clone on the
+same machine gets the compiled simulator in a second.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -24,10 +31,23 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
-__all__ = ["MODULES", "STAMP", "build", "clean", "compiled", "stale", "stale_message"]
+__all__ = [
+    "MODULES",
+    "STAMP",
+    "build",
+    "cache_key",
+    "clean",
+    "compiled",
+    "ensure",
+    "prefer_sources",
+    "stale",
+    "stale_message",
+]
 
 MODULES = (
     "rolloutpool.engine.model.blocks",
@@ -78,6 +98,30 @@ def stale(root: Path = _ROOT) -> list[str]:
     return [module for module in compiled(root) if recorded.get(module) != _digest(_source(module, root))]
 
 
+class _Sources(importlib.abc.MetaPathFinder):
+    """Finds :data:`MODULES` at their source files, ahead of the extensions beside them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, _source(fullname, self.root))
+
+
+def prefer_sources(root: Path = _ROOT) -> None:
+    """Make this process import :data:`MODULES` from their sources even where they are compiled: the test suite
+    tests the reference, pure Python (``tests/test_sim_compiled.py`` checks the compiled build against it).
+    Raises ``RuntimeError`` when one is imported already (too late to choose)."""
+    if loaded := [module for module in MODULES if module in sys.modules]:
+        raise RuntimeError(f"already imported, compiled or not: {', '.join(loaded)}")
+    if not any(isinstance(finder, _Sources) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Sources(root))
+
+
 def stale_message(modules: list[str]) -> str:
     """What to tell a user whose compiled ``modules`` are older than their sources."""
     return (
@@ -86,10 +130,15 @@ def stale_message(modules: list[str]) -> str:
     )
 
 
+def _runtime(root: Path) -> list[Path]:
+    """mypyc's shared runtime library beside the package (one per build)."""
+    return [path for path in root.glob("*__mypyc*") if path.is_file()]
+
+
 def clean(root: Path = _ROOT) -> list[Path]:
     """Remove the compiled modules, mypyc's shared runtime library beside the package, and the stamp."""
     removed = [path for module in MODULES for path in _extensions(module, root)]
-    removed += [path for path in root.glob("*__mypyc*") if path.is_file()]
+    removed += _runtime(root)
     stamp = root / "rolloutpool" / STAMP
     if stamp.exists():
         removed.append(stamp)
@@ -120,11 +169,93 @@ def build(root: Path = _ROOT) -> None:
     (root / "rolloutpool" / STAMP).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
+_MANIFEST = "manifest.json"
+"""In a cached build's folder, written last: its files (paths under the source root) and its stamp."""
+_KEEP = 4
+"""Cached builds kept per machine (the newest; each about 2 MB)."""
+
+
+def cache_key(root: Path = _ROOT) -> str:
+    """What a build depends on: every compiled module's source, the Python that imports it and mypyc's version."""
+    try:
+        mypy = metadata.version("mypy")
+    except metadata.PackageNotFoundError:
+        mypy = "none"
+    parts = {
+        "sources": {module: _digest(_source(module, root)) for module in MODULES},
+        "python": sys.version,
+        "abi": sysconfig.get_config_var("EXT_SUFFIX"),
+        "mypy": mypy,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cache_base() -> Path:
+    return Path(os.environ.get("ROLLOUTPOOL_CACHE") or Path.home() / ".cache" / "rolloutpool")
+
+
+def _restore(cached: Path, root: Path) -> bool:
+    """Copy a cached build into ``root``; False when the cache holds no complete build."""
+    try:
+        manifest = json.loads((cached / _MANIFEST).read_text())
+        files, digests = list(manifest["files"]), dict(manifest["stamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not all((cached / "files" / rel).is_file() for rel in files):
+        return False
+    clean(root)
+    for rel in files:
+        shutil.copy2(cached / "files" / rel, root / rel)
+    (root / "rolloutpool" / STAMP).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    os.utime(cached)  # the newest kept
+    return True
+
+
+def _keep(cached: Path, root: Path) -> None:
+    """Copy the build in ``root`` into the cache (manifest last), then drop all but the newest cached builds."""
+    files = [path.relative_to(root).as_posix() for module in MODULES for path in _extensions(module, root)]
+    files += [path.name for path in _runtime(root)]
+    staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}-", dir=cached.parent))
+    try:
+        for rel in files:
+            target = staging / "files" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, target)
+        stamp = json.loads((root / "rolloutpool" / STAMP).read_text())
+        (staging / _MANIFEST).write_text(json.dumps({"files": files, "stamp": stamp}, indent=1) + "\n")
+        shutil.rmtree(cached, ignore_errors=True)
+        staging.rename(cached)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    builds = sorted(cached.parent.glob("mypyc-*"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for old in builds[_KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def ensure(root: Path = _ROOT, cache: Path | None = None) -> str:
+    """Make the compiled modules current: ``"current"`` (nothing to do), ``"cached"`` (this machine's earlier
+    build of the same sources copied in) or ``"built"`` (compiled now, and kept in the cache); raises on a
+    failed build (no C compiler, no Python headers), leaving pure Python."""
+    if compiled(root) == list(MODULES) and not stale(root):
+        return "current"
+    cached = (cache or _cache_base()) / f"mypyc-{cache_key(root)}"
+    if _restore(cached, root):
+        return "cached"
+    build(root)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    _keep(cached, root)
+    return "built"
+
+
 def _main(argv: list[str]) -> int:
     command = argv[0] if argv else "status"
     if command == "build":
         build()
         print(f"compiled {len(MODULES)} modules with mypyc: {', '.join(compiled())}")
+    elif command == "ensure":
+        how = ensure()
+        said = {"current": "already current", "cached": "copied from this machine's cache", "built": "built now"}
+        print(f"compiled simulator ({len(MODULES)} modules, mypyc): {said[how]}")
     elif command == "clean":
         for path in clean():
             print(f"removed {path}")
@@ -135,7 +266,7 @@ def _main(argv: list[str]) -> int:
             print("STALE (source changed since the build; rebuild or clean): " + ", ".join(old))
             return 1
     else:
-        print("usage: python -m rolloutpool.sim.compiled [build|clean|status]", file=sys.stderr)
+        print("usage: python -m rolloutpool.sim.compiled [build|ensure|clean|status]", file=sys.stderr)
         return 2
     return 0
 
