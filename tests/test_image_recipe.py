@@ -73,6 +73,9 @@ LEFT_OUT = [
     "operator/.mypy_cache/3.11/x.json",
     "operator/.pytest_cache/v",
     "operator/.ruff_cache/x",
+    "operator/rolloutpool/sim/fleet.cpython-311-x86_64-linux-gnu.so",
+    "operator/4b36b1ff2edbc0334ee2__mypyc.cpython-311-x86_64-linux-gnu.so",
+    "operator/rolloutpool/.mypyc-sources.json",
 ]
 
 

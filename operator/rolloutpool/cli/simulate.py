@@ -21,7 +21,8 @@ _console = Console()
 
 
 def _compiled_note() -> str:
-    """The banner's note of the optional compiled build; refuses compiled modules older than their source."""
+    """The banner's note of the compiled build (the README's set-up makes it); refuses compiled modules older than
+    their source."""
     from rolloutpool.sim.compiled import compiled, stale, stale_message  # noqa: PLC0415
 
     if old := stale():
@@ -29,8 +30,8 @@ def _compiled_note() -> str:
     if compiled():
         return " (engine compiled with mypyc)"
     return (
-        " (pure Python; in a source checkout with the dev extra, `python -m rolloutpool.sim.compiled build` compiles"
-        " the engine: about half the CPU)"
+        " (pure Python; in a source checkout with the dev extra, `python -m rolloutpool.sim.compiled ensure` compiles"
+        " the engine, as `bash .ci/dev setup` does: about half the time)"
     )
 
 
@@ -47,8 +48,8 @@ def _compiled_note() -> str:
 @replica_options
 @click.option(
     "--duration", "duration_s", type=click.FloatRange(min=1), default=DEFAULT_DURATION_S, show_default=True,
-    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: ~115 s of CPU, ~1 min on 2 idle cores; "
-    "about half with `python -m rolloutpool.sim.compiled build`, docs/simulator-speed.md).",
+    help="Simulated seconds of each run (the default's 42 runs of 8 replicas: ~35 s on 2 idle cores compiled, as the "
+    "README's set-up leaves it; ~70 s in pure Python: docs/simulator-speed.md).",
 )  # fmt: skip
 @click.option(
     "--load",

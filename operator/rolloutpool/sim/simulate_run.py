@@ -36,8 +36,8 @@ DEFAULT_LOADS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 DEFAULT_POLICIES = (*POLICIES, ADAPTIVE)
 """Every peer policy, ours with its default caps, and ours under the operator's adaptive law."""
 DEFAULT_DURATION_S = 3600.0
-"""Simulated seconds of a default run: 42 runs (6 loads x 7 policies) of 8 replicas take ~250 s of CPU (~150 s with
-the optional compiled build, :mod:`rolloutpool.sim.compiled`)."""
+"""Simulated seconds of a default run: 42 runs (6 loads x 7 policies) of 8 replicas take ~140 s of CPU in pure Python,
+~60 s compiled (:mod:`rolloutpool.sim.compiled`, which the README's set-up builds)."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _ADAPTIVE_PEERS = ("sticky-least-loaded", "rolloutpool", "consistent-hash")

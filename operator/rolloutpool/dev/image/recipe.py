@@ -63,8 +63,11 @@ FORBIDDEN = {
 }
 """What the image must not hold, by kind: regular expressions over paths relative to its root."""
 
-_JUNK = re.compile(r"(^|/)(__pycache__|[^/]*\.egg-info|\.mypy_cache|\.pytest_cache|\.ruff_cache)(/|$)|\.py[cod]$")
-"""What ``.dockerignore`` leaves out of the context below the copied paths (keep the two in step)."""
+_JUNK = re.compile(
+    r"(^|/)(__pycache__|[^/]*\.egg-info|\.mypy_cache|\.pytest_cache|\.ruff_cache|\.mypyc-sources\.json)(/|$)|\.py[cod]$|\.so$"
+)
+"""What ``.dockerignore`` leaves out of the context below the copied paths (keep the two in step): caches, bytecode,
+and the simulator's mypyc build (extensions made for this machine's Python, not the image's)."""
 _COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(.*)$", re.IGNORECASE)
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: .*$")
 _BUILD_ERROR = re.compile(r'^Error: building at STEP "(.*)": (.*)$')
