@@ -134,11 +134,12 @@ def test_a_failed_build_leaves_pure_python(tmp_path: Path, monkeypatch: pytest.M
     root = tmp_path / "clone"
     _tree(root)
 
-    def no_compiler(where: Path) -> None:
-        raise subprocess.CalledProcessError(1, ["mypyc"])
+    def no_compiler(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        _compile(root, "rolloutpool.sim.fleet")  # half done when the compiler stops
+        return subprocess.CompletedProcess(args, 1, stdout="building...\n", stderr="error: command 'gcc' failed\n")
 
-    monkeypatch.setattr(comp, "build", no_compiler)
-    with pytest.raises(subprocess.CalledProcessError):
+    monkeypatch.setattr(comp.subprocess, "run", no_compiler)
+    with pytest.raises(comp.BuildError, match="gcc' failed"):
         comp.ensure(root, tmp_path / "cache")
     assert comp.compiled(root) == []
     assert not list((tmp_path / "cache").glob("mypyc-*"))

@@ -39,6 +39,7 @@ from pathlib import Path
 __all__ = [
     "MODULES",
     "STAMP",
+    "BuildError",
     "build",
     "cache_key",
     "clean",
@@ -147,22 +148,33 @@ def clean(root: Path = _ROOT) -> list[Path]:
     return removed
 
 
+class BuildError(RuntimeError):
+    """mypyc or the C compiler failed; the message ends with the tail of their output."""
+
+
 def build(root: Path = _ROOT) -> None:
-    """Compile :data:`MODULES` in place with mypyc (needs mypy and a C compiler); raises on failure."""
+    """Compile :data:`MODULES` in place with mypyc (needs mypy and a C compiler); raises :class:`BuildError` with the
+    tail of the compiler's output (kept quiet while it succeeds) on failure, leaving pure Python."""
     clean(root)
     sources = {module: _source(module, root) for module in MODULES}
     digests = {module: _digest(path) for module, path in sources.items()}
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "MYPY_CACHE_DIR": cache}
         try:
-            subprocess.run(  # our own interpreter and source files
+            done = subprocess.run(  # our own interpreter and source files
                 [sys.executable, "-m", "mypyc", *(str(path.relative_to(root)) for path in sources.values())],
                 cwd=root,
                 env=env,
-                check=True,
+                capture_output=True,
+                text=True,
+                check=False,
             )
         finally:
             shutil.rmtree(root / "build", ignore_errors=True)  # mypyc's C sources and objects
+    if done.returncode != 0:
+        clean(root)
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+        raise BuildError(f"mypyc failed (exit {done.returncode}); the last of its output:\n{tail}")
     if any(_digest(path) != digests[module] for module, path in sources.items()):
         clean(root)
         raise RuntimeError("a source changed during the build: run it again")
@@ -234,8 +246,8 @@ def _keep(cached: Path, root: Path) -> None:
 
 def ensure(root: Path = _ROOT, cache: Path | None = None) -> str:
     """Make the compiled modules current: ``"current"`` (nothing to do), ``"cached"`` (this machine's earlier
-    build of the same sources copied in) or ``"built"`` (compiled now, and kept in the cache); raises on a
-    failed build (no C compiler, no Python headers), leaving pure Python."""
+    build of the same sources copied in) or ``"built"`` (compiled now, and kept in the cache); raises
+    :class:`BuildError` when the build fails (no C compiler, no Python headers), leaving pure Python."""
     if compiled(root) == list(MODULES) and not stale(root):
         return "current"
     cached = (cache or _cache_base()) / f"mypyc-{cache_key(root)}"
@@ -249,6 +261,14 @@ def ensure(root: Path = _ROOT, cache: Path | None = None) -> str:
 
 def _main(argv: list[str]) -> int:
     command = argv[0] if argv else "status"
+    try:
+        return _command(command)
+    except BuildError as exc:
+        print(f"the simulator stays pure Python: {exc}", file=sys.stderr)
+        return 1
+
+
+def _command(command: str) -> int:
     if command == "build":
         build()
         print(f"compiled {len(MODULES)} modules with mypyc: {', '.join(compiled())}")
