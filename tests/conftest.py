@@ -7,21 +7,16 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from rolloutpool.native import prefer_sources
+
+# The tests import the simulator's pure Python, the reference, even where it is compiled (rolloutpool.native; the
+# processes they start run the build while it is current, and tests/test_sim_compiled.py compares the two).
+prefer_sources()
+
 # Speed is measured in benchmarks, not in tests: on a shared, loaded machine hypothesis's
 # generation-time health check and per-example deadline fail tests whose behaviour is fine.
 settings.register_profile("shared-machine", suppress_health_check=[HealthCheck.too_slow], deadline=None)
 settings.load_profile("shared-machine")
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """The tests import the simulator's pure Python (the reference) even where it is compiled (rolloutpool.sim.compiled;
-    tests/test_sim_compiled.py compares the two), and refuse a compiled module older than its source: the processes
-    the tests start (engine-sim, simulate) would import the extension and run old code."""
-    from rolloutpool.sim.compiled import prefer_sources, stale, stale_message  # noqa: PLC0415
-
-    if old := stale():
-        pytest.exit(stale_message(old), returncode=pytest.ExitCode.USAGE_ERROR)
-    prefer_sources()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from rolloutpool.engine.model import blocks as blocks_module
 from rolloutpool.engine.model.blocks import BlockPool
 from rolloutpool.engine.model.core import Engine, EngineConfig, Request
 from rolloutpool.engine.model.cost import CostModel
@@ -458,10 +457,6 @@ def _run_length_by_bisection(engine: Engine, max_steps: int) -> int:
     return lo
 
 
-@pytest.mark.skipif(
-    not blocks_module.__file__ or not blocks_module.__file__.endswith(".py"),
-    reason="compiled with mypyc (rolloutpool.sim.compiled): the engine accepts no stand-in pool",
-)
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_pool_matches_a_block_by_block_reference_under_churn(seed: int) -> None:
     """Segments, splits and runs of segments evict, hit and share exactly like per-block bookkeeping."""

@@ -80,10 +80,6 @@ def engine_sim(
 ) -> None:
     """Serve a vLLM-compatible engine simulator (KV cache, scheduler, /metrics) on the CPU."""
     from rolloutpool.api.kv_events import KVEventsConfig  # noqa: PLC0415
-    from rolloutpool.sim.compiled import stale, stale_message  # noqa: PLC0415
-
-    if old := stale():  # Python would import the compiled engine model and run its old code
-        raise click.ClickException(stale_message(old))
     from rolloutpool.engine.server.app import ServerConfig, run_server  # noqa: PLC0415
 
     if kv_capacity_tokens is not None:

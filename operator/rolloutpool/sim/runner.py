@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE, conservative_cap
 from rolloutpool.engine.model.cost import hardware_preset
-from rolloutpool.sim.compiled import stale, stale_message
 from rolloutpool.sim.fleet import FleetConfig, simulate_policy
 from rolloutpool.sim.results import RunResult
 
@@ -62,14 +61,7 @@ def _run(job: Job) -> tuple[Job, RunResult, float]:
 def run_jobs(
     jobs: list[Job], *, workers: int, on_done: Callable[[Job, RunResult, float], None] | None = None
 ) -> list[tuple[Job, RunResult, float]]:
-    """Run every job (``workers`` processes, the largest first; 1 runs inline); results keep the job order.
-
-    Raises ``RuntimeError`` when a module compiled for speed (:mod:`rolloutpool.sim.compiled`) is older than its
-    source: it would run the old code.
-    """
-    old = stale()
-    if old:
-        raise RuntimeError(stale_message(old))
+    """Run every job (``workers`` processes, the largest first; 1 runs inline); results keep the job order."""
     results: dict[int, tuple[Job, RunResult, float]] = {}
     if workers <= 1:
         for i, job in enumerate(jobs):

@@ -102,7 +102,8 @@ def copied_sources(dockerfile: str) -> list[str]:
 
 
 def ignored(path: str) -> bool:
-    """Whether a context path is left out of the image (``.dockerignore``'s caches, bytecode, egg-info)."""
+    """Whether a context path is left out of the image (``.dockerignore``'s caches, bytecode, egg-info, the
+    simulator's mypyc build)."""
     return bool(_JUNK.search(path))
 
 
