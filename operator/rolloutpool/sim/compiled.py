@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,10 +31,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+from rolloutpool.filelock import locked
 from rolloutpool.native import MODULES, ROOT, STAMP, compiled, digest, extensions, read_stamp, source, stale, state
 
 __all__ = ["BuildError", "build", "cache_key", "clean", "depends", "ensure"]
@@ -165,18 +164,6 @@ def _cache_base() -> Path:
     return Path(os.environ.get("ROLLOUTPOOL_CACHE") or Path.home() / ".cache" / "rolloutpool")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One set-up at a time per cached build (two clones of one machine at once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _restore(cached: Path, root: Path) -> bool:
     """Copy a cached build into ``root``; False when the cache holds no complete build."""
     try:
@@ -229,7 +216,7 @@ def ensure(root: Path = ROOT, cache: Path | None = None) -> str:
     key = cache_key(root)
     base = cache or _cache_base()
     cached = base / f"mypyc-{key}"
-    with _locked(base / f"mypyc-{key}.lock"):
+    with locked(base / f"mypyc-{key}.lock"):
         if _restore(cached, root):
             return "cached"
         build(root)

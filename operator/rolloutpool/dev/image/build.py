@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -46,6 +45,7 @@ from rolloutpool.dev.image.recipe import (
     image_key,
     image_tag,
 )
+from rolloutpool.filelock import locked
 
 __all__ = [
     "ENTER_SCRIPT",
@@ -175,18 +175,6 @@ def _version(context: Path) -> str:
         return str(tomllib.load(handle)["project"]["version"])
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One build at a time per cache (other processes wait)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _tree_size(root: Path) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
@@ -254,7 +242,7 @@ def ensure_image(context: Path | None = None, *, log: Log = print) -> BuiltImage
         raise RuntimeError(reason)
     context = context or checkout_root()
     cache = image_cache()
-    with _locked(cache / "lock"):
+    with locked(cache / "lock"):
         buildah = Buildah(cache)
         base = ensure_base(buildah, cache=cache, log=log)
         dockerfile = (context / "Dockerfile").read_text()
