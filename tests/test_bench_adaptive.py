@@ -18,7 +18,7 @@ from rolloutpool.dev.bench.adaptive import (
     rate_over,
     status_document,
 )
-from rolloutpool.dev.bench.client import TrajectoryRecord, queued_mean
+from rolloutpool.dev.bench.client import ClientResult, TrajectoryRecord, TurnRecord, queued_mean, write_turns
 from rolloutpool.dev.bench.peers import ADAPTIVE, RouterLaunch, our_router_argv
 from rolloutpool.dev.bench.runner import BenchResult, RouterRun
 from rolloutpool.dev.bench.sweep import BASELINE, SweepPoint, SweepResult, median_rows, ratio_rows, sweep_json
@@ -214,6 +214,21 @@ def test_queued_mean_integrates_the_wait_for_a_first_response_inside_the_window(
     ]
     assert queued_mean(records, window_start=0.0, window_end=10.0) == (2.0 + 5.0 + 1.0) / 10.0
     assert queued_mean(records, window_start=3.0, window_end=3.0) == 0.0
+
+
+def test_a_runs_turns_are_kept_as_json_lines_relative_to_the_window(tmp_path: Path) -> None:
+    result = ClientResult(window_start=100.0)
+    result.turns += [
+        TurnRecord(trajectory=3, turn=0, prompt_tokens=500, cached_tokens=0, completion_tokens=80,
+                   reprefilled_tokens=0, at=101.5, sent=100.25),
+        TurnRecord(trajectory=3, turn=1, prompt_tokens=900, cached_tokens=576, completion_tokens=60,
+                   reprefilled_tokens=16, at=104.0, sent=103.0),
+    ]  # fmt: skip
+    path = tmp_path / "point" / "turns-rolloutpool.jsonl"
+    write_turns(path, result)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["trajectory"], r["turn"], r["sent"], r["at"]) for r in rows] == [(3, 0, 0.25, 1.5), (3, 1, 3.0, 4.0)]
+    assert rows[1]["reprefilled_tokens"] == 16
 
 
 def _run(router_name: str, tokens_per_s: float, **extra: object) -> RouterRun:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -114,6 +116,9 @@ class TurnRecord:
     reprefilled_tokens: int
     at: float = 0.0
     """Wall clock (``time.monotonic``) when the response arrived."""
+    sent: float = 0.0
+    """Wall clock when the turn's request was first sent (``at - sent``: its time in the router and the engine,
+    retries included)."""
 
 
 @dataclass
@@ -245,6 +250,7 @@ class _Driver:
                     "seed": trajectory.index,
                     "session_id": sid,
                 }
+                sent = time.monotonic()
                 data = await self._chat(sid, body, trajectory.group)
                 if data is None:
                     record.error = "request failed"
@@ -266,6 +272,7 @@ class _Driver:
                             block_size=cfg.block_size,
                         ),
                         at=time.monotonic(),
+                        sent=sent,
                     )
                 )
                 record.turns = turn + 1
@@ -321,3 +328,14 @@ async def run_client(config: ClientConfig) -> ClientResult:
             if record.finished is not None and record.finished > result.window_end:
                 record.completed = False
         return result
+
+
+def write_turns(path: Path, result: ClientResult) -> None:
+    """Every turn of a run as JSON lines (times relative to the window's start): the data behind the run's figures,
+    for paired comparisons of routers on the same trajectories (``turns-<router>.jsonl`` beside the point's logs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for turn in result.turns:
+            row = asdict(turn)
+            row["at"], row["sent"] = turn.at - result.window_start, turn.sent - result.window_start
+            out.write(json.dumps(row) + "\n")

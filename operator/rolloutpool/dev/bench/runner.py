@@ -21,7 +21,7 @@ from rolloutpool.api import vllm_metrics as vm
 from rolloutpool.capacity import conservative_cap
 from rolloutpool.dev.bench.adaptive import bench_pool_spec, samples
 from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
-from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client
+from rolloutpool.dev.bench.client import ClientConfig, ClientResult, queued_mean, run_client, write_turns
 from rolloutpool.dev.bench.kv_residency import kv_events_config
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, OverheadRow, measure_overhead, percentile
 from rolloutpool.dev.bench.peers import (
@@ -400,6 +400,7 @@ def run_router(name: str, config: BenchConfig, progress: Progress) -> RouterRun:
             group_header=GROUP_HEADER if config.group_hint else None,
         )
         result, deltas = asyncio.run(_drive(engine_urls, client, law))
+        write_turns(config.out_dir / f"turns-{name}.jsonl", result)
         pids = procs.pids
     run = _summarize(name, config, result, deltas)
     if law is not None:
