@@ -57,7 +57,7 @@ def _checkout(root: Path) -> None:
 def depends(root: Path = ROOT) -> list[str]:
     """Every module file of ours that :data:`~rolloutpool.native.MODULES` import, directly or not, at run time or
     only for their types (``TYPE_CHECKING``), and the packages above them: paths under ``root``, MODULES' own left
-    out (pure: reads the sources)."""
+    out (read from the sources' import statements)."""
     seen: set[Path] = set()
     todo = [source(module, root) for module in MODULES]
     while todo:
