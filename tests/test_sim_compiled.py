@@ -131,6 +131,21 @@ def test_ensure_builds_once_then_reuses_the_machine_cache(tmp_path: Path, monkey
     assert len(list(cache.glob("mypyc-*/"))) == 2
 
 
+def test_the_cache_keeps_the_newest_builds_and_their_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, cache = _tree(tmp_path), tmp_path / "cache"
+    monkeypatch.setattr(comp, "build", _fake_build)
+    for edit in range(comp._KEEP + 2):  # each edit is another build
+        native.source("rolloutpool.sim.fleet", root).write_text(f"# edit {edit}\n")
+        assert comp.ensure(root, cache) == "built"
+        newest = cache / f"mypyc-{comp.cache_key(root)}"
+        os.utime(newest, (1e9 + edit, 1e9 + edit))  # distinct ages however fast the loop
+    builds = sorted(path for path in cache.glob("mypyc-*") if path.is_dir())
+    locks = sorted(path for path in cache.glob("mypyc-*.lock"))
+    assert len(builds) == comp._KEEP
+    assert newest in builds
+    assert [lock.name.removesuffix(".lock") for lock in locks] == [build.name for build in builds]
+
+
 def test_ensure_ignores_an_incomplete_cached_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root, cache = _tree(tmp_path), tmp_path / "cache"
     broken = cache / f"mypyc-{comp.cache_key(root)}"

@@ -200,10 +200,11 @@ def _keep(cached: Path, root: Path) -> None:
     builds = []
     for path in cached.parent.glob("mypyc-*"):
         with contextlib.suppress(OSError):  # another set-up may be removing it
-            builds.append((path.stat().st_mtime, path))
+            if path.is_dir():
+                builds.append((path.stat().st_mtime, path))
     for _, old in sorted(builds, reverse=True)[_KEEP:]:
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        old.with_name(f"{old.name}.lock").unlink(missing_ok=True)
 
 
 def ensure(root: Path = ROOT, cache: Path | None = None) -> str:
