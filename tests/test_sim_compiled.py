@@ -174,7 +174,7 @@ def _import_fleet(root: Path) -> subprocess.CompletedProcess[str]:
     """Import ``rolloutpool.sim.fleet`` in a fresh process from ``root`` (the package's real ``__init__``)."""
     for name in ("__init__.py", "native.py"):
         shutil.copy(native.ROOT / "rolloutpool" / name, root / "rolloutpool" / name)
-    script = "import rolloutpool.sim.fleet as f; print(f.__file__)"
+    script = "import rolloutpool.sim.fleet as f; from rolloutpool import native; print(f.__file__, native.state())"
     env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.run(  # our interpreter, a fixed script
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root, timeout=60, check=False
@@ -189,7 +189,9 @@ def test_a_process_imports_the_sources_while_the_build_is_not_current(tmp_path: 
     native.source("rolloutpool.engine.model.cost", root).write_text("# edited\n")
     edited = _import_fleet(root)
     assert edited.returncode == 0, edited.stderr
-    assert edited.stdout.strip().endswith("fleet.py")  # every module from its source, not only the edited one
+    where, chosen = edited.stdout.split()
+    assert where.endswith("fleet.py")  # every module from its source, not only the edited one
+    assert chosen == "stale"  # what the process chose at import, as simulate's banner says it
     native.source("rolloutpool.engine.model.cost", root).write_text("# rolloutpool.engine.model.cost\n")
     stamp.write_text(current)
     assert native.stale(root) == []

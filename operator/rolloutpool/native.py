@@ -105,10 +105,12 @@ def stale(root: Path = ROOT) -> list[str]:
 
 
 class _Sources(importlib.abc.MetaPathFinder):
-    """Finds :data:`MODULES` at their source files, ahead of the extensions beside them."""
+    """Finds :data:`MODULES` at their source files, ahead of the extensions beside them; ``stale``: the compiled
+    modules that were not current when it was installed (empty: the sources were chosen, as the tests do)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, stale: list[str]) -> None:
         self.root = root
+        self.stale = stale
 
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
@@ -118,14 +120,19 @@ class _Sources(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, source(fullname, self.root))
 
 
-def prefer_sources(root: Path = ROOT) -> None:
-    """Make this process import :data:`MODULES` from their sources even where they are compiled. Raises
-    ``RuntimeError`` when one is imported already (too late to choose)."""
-    if any(isinstance(finder, _Sources) for finder in sys.meta_path):
+def _finder() -> _Sources | None:
+    return next((finder for finder in sys.meta_path if isinstance(finder, _Sources)), None)
+
+
+def prefer_sources(root: Path = ROOT, *, stale: list[str] | None = None) -> None:
+    """Make this process import :data:`MODULES` from their sources even where they are compiled (``stale``: the
+    compiled modules that are not current, when that is why). Raises ``RuntimeError`` when one is imported already
+    (too late to choose)."""
+    if _finder() is not None:
         return
     if loaded := [module for module in MODULES if module in sys.modules]:
         raise RuntimeError(f"already imported, compiled or not: {', '.join(loaded)}")
-    sys.meta_path.insert(0, _Sources(root))
+    sys.meta_path.insert(0, _Sources(root, stale or []))
 
 
 def choose(root: Path = ROOT) -> list[str]:
@@ -133,15 +140,14 @@ def choose(root: Path = ROOT) -> list[str]:
     (empty: the build is current, or nothing is compiled)."""
     old = stale(root)
     if old:
-        prefer_sources(root)
+        prefer_sources(root, stale=old)
     return old
 
 
 def state(root: Path = ROOT) -> str:
-    """What this process runs: ``"compiled"``, ``"pure"`` (nothing compiled, or the tests' choice) or ``"stale"``
-    (compiled, but not current: pure Python runs)."""
-    if not compiled(root):
-        return "pure"
-    if stale(root):
-        return "stale"
-    return "pure" if any(isinstance(finder, _Sources) for finder in sys.meta_path) else "compiled"
+    """What this process chose to run: ``"compiled"``, ``"pure"`` (nothing compiled, or the sources chosen, as the
+    tests do) or ``"stale"`` (compiled, but not current when the package was imported: pure Python runs)."""
+    finder = _finder()
+    if finder is not None:
+        return "stale" if finder.stale else "pure"
+    return "compiled" if compiled(root) else "pure"
