@@ -103,6 +103,7 @@ def test_fixed_cap_and_turns_variants() -> None:
     no_groups = {"infer_groups": False, "group_hint": False}
     assert variant("rolloutpool+no-groups") == ("rolloutpool", no_groups)
     assert variant("rolloutpool+no-groups+free-restore") == ("rolloutpool", {**no_groups, "free_restore": True})
+    assert variant("turns:target=0.8+known-tools")[1]["known_tools"] is True
     base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=4)
     ((label, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[3.0], seeds=[1], variants=["fixed-cap:12"])
     assert label == "fixed-cap:12"
@@ -145,3 +146,39 @@ def test_the_command_compares_a_workload_file_and_refuses_nothing_to_run() -> No
     nothing = CliRunner().invoke(main, ["simulate-compare", "--load", "1"])
     assert nothing.exit_code == 2
     assert "name a --scenario or a --workload file" in nothing.output
+
+
+@pytest.mark.parametrize("label", ["rolloutpool", "rolloutpool+known-tools", "thunderagent+known-tools"])
+def test_known_tools_tells_only_our_scheduler_each_gap_it_then_sees(
+    label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rolloutpool.routing.workingset import WorkingSet  # noqa: PLC0415 -- patched below
+    from rolloutpool.sim.fleet import simulate_policy  # noqa: PLC0415
+
+    told: list[float | None] = []
+    ended: dict[str, tuple[float, float | None]] = {}
+    gaps: list[tuple[float, float | None]] = []
+    finished, arrive = WorkingSet.turn_finished, WorkingSet.arrive
+
+    def on_finished(self: WorkingSet, sid: str, *, now: float, tool_s: float | None = None, **kw: object) -> None:
+        told.append(tool_s)
+        ended[sid] = (now, tool_s)
+        finished(self, sid, now=now, tool_s=tool_s, **kw)  # type: ignore[arg-type]
+
+    def on_arrive(self: WorkingSet, sid: str, *, now: float, resident: int | None = None) -> bool:
+        if sid in ended:  # our scheduler's (a peer's has its own arrive)
+            at, tool_s = ended.pop(sid)
+            gaps.append((now - at, tool_s))
+        return arrive(self, sid, now=now, resident=resident)
+
+    monkeypatch.setattr(WorkingSet, "turn_finished", on_finished)
+    monkeypatch.setattr(WorkingSet, "arrive", on_arrive)
+    base = FleetConfig(scenario=scenario("bimodal"), in_flight=1, replicas=2, duration_s=120.0, num_gpu_blocks=2_048)
+    ((_, job),) = compare_jobs(base, scenarios=["bimodal"], loads=[2.0], seeds=[0], variants=[label])
+    simulate_policy(job.config, job.policy)
+    assert len(told) > 20
+    if label == "rolloutpool+known-tools":
+        assert len(gaps) > 20
+        assert all(tool_s == pytest.approx(gap) for gap, tool_s in gaps)  # told the gap it then saw
+    else:
+        assert all(tool_s is None for tool_s in told)  # a router, or a peer: nobody is told

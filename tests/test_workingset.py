@@ -278,6 +278,20 @@ def test_a_prefix_is_kept_no_longer_than_its_re_prefill_would_stall_the_batch() 
     assert off.sessions["a"].until == 30.0  # no rate: the lease alone
 
 
+def test_a_reference_told_the_tool_time_keeps_a_prefix_exactly_that_long_or_lets_it_go_at_once() -> None:
+    # 4,000 tokens alone on the replica re-prefill in 0.1 s x (1 + 4000/45000): that is the break-even
+    ws = WorkingSet(replace(CONFIG, keep_s=30.0, keep_quantile=0.9, prefill_tokens_per_s=40_000.0))
+    ws.add_replica("r", capacity=1_000_000)
+    ws.bound("short", "r", now=0.0, first_context=4000)
+    ws.bound("long", "r", now=0.0, first_context=4000)
+    ws.turn_finished("short", context=4000, now=1.0, tool_s=0.05)  # back before its re-prefill would pay
+    assert ws.sessions["short"].until == pytest.approx(1.05)
+    ws.turn_finished("long", context=4000, now=1.0, tool_s=5.0)  # past the break-even: may go at once
+    assert ws.sessions["long"].until == 1.0
+    assert ws.make_room("r", 1_000_000 // 2 - 4000 - 100, now=1.0)  # room for all but "short": only "long" goes
+    assert (ws.phase("short"), ws.phase("long")) == (Phase.IDLE, Phase.LET_GO)
+
+
 # -- moving once, instead of waiting -------------------------------------------------------------------------
 
 

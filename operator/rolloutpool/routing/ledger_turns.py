@@ -75,8 +75,10 @@ class TurnControls(ReplicaControls):
         if replica is not None:
             replica.inflight += 1
 
-    def turn_ended(self, session: Session, *, now: float) -> None:
-        """The request started by :meth:`turn_started` is over; a release asked for meanwhile happens now."""
+    def turn_ended(self, session: Session, *, now: float, tool_s: float | None = None) -> None:
+        """The request started by :meth:`turn_started` is over; a release asked for meanwhile happens now.
+
+        ``tool_s``: the tool call's duration, told only by a simulated reference (``WorkingSet.turn_finished``)."""
         replica = self.table.replicas.get(session.replica)
         if replica is not None and replica.inflight > 0:
             replica.inflight -= 1
@@ -91,7 +93,11 @@ class TurnControls(ReplicaControls):
             self._now = now
             first = self.work.first_context
             self.work.turn_finished(
-                session.session_id, context=session.context_tokens or None, now=now, prompt=session.prompt_tokens
+                session.session_id,
+                context=session.context_tokens or None,
+                now=now,
+                prompt=session.prompt_tokens,
+                tool_s=tool_s,
             )
             # a new session's expected context is learned fleet-wide: every replica's room for new ones moves
             touched = list(self.table.replicas) if self.work.first_context != first else [session.replica]

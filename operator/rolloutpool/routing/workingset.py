@@ -224,10 +224,15 @@ class WorkingSet:
         self._make_room_for(sid, replica, now=now)
         self._generate(tracked, now)
 
-    def turn_finished(self, sid: str, *, context: int | None, now: float, prompt: int | None = None) -> None:
+    def turn_finished(
+        self, sid: str, *, context: int | None, now: float, prompt: int | None = None, tool_s: float | None = None
+    ) -> None:
         """A turn ended (its usage gave ``context``; None: unknown): the session waits on its tool, kept.
 
         ``prompt``: the turn's prompt tokens; a first turn's is what its group shares when that was not known.
+        ``tool_s``: how long the tool call it starts will take, known only to a reference (the simulator's
+        ``+known-tools``): its prefix is kept exactly that long when that is within its break-even, else it may
+        be let go at once, in place of the learned lease.
         """
         tracked = self.sessions.get(sid)
         if tracked is None or tracked.phase is not Phase.GENERATING:
@@ -246,7 +251,11 @@ class WorkingSet:
         tracked.phase, tracked.since = Phase.IDLE, now
         work = self.replicas[tracked.replica]
         work.idle[sid] = None
-        tracked.until = now + min(self._lease(sid), self._break_even(tracked.context, work.generating))
+        break_even = self._break_even(tracked.context, work.generating)
+        if tool_s is None:
+            tracked.until = now + min(self._lease(sid), break_even)
+        else:
+            tracked.until = now + (tool_s if tool_s <= break_even else 0.0)
         self._count(tracked, tracked.context)
 
     def _lease(self, sid: str) -> float:

@@ -52,6 +52,9 @@ class FleetConfig:
     free_restore: bool = False
     """A bound, not a fleet: the engines restore context computed before at no cost (``EngineConfig.free_restore``),
     on the same KV pool (the free-restore bound of sticky least-loaded)."""
+    known_tools: bool = False
+    """A reference, not a router: ours is told each tool call's duration as the call starts, and keeps the session's
+    prefix exactly that long where that pays (``WorkingSet.turn_finished``'s ``tool_s``), not its learned lease."""
     scrape_interval_s: float = 1.0
     """The router's fast loop (engine scrape for the fast quarantine)."""
     sample_interval_s: float = 30.0

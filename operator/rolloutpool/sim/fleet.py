@@ -79,6 +79,7 @@ class _Fleet(RouterLoops):
         self.groups_known = config.group_hint or (ours and config.infer_groups)  # by the opening prompt: proxy.py
         fixed = config.fixed_cap if ours and self.law is None else None  # a fixed cap replaces the turn scheduling
         scheduler = None if peer is None else peer.scheduler  # a peer's per-turn scheduler (sim/peers.py)
+        self.known_tools = config.known_tools and ours and scheduler is None  # a reference: ours told each tool time
         self.ledger = Ledger(
             LedgerConfig(
                 caps=CapRule(fixed=fixed),
@@ -244,11 +245,12 @@ class _Fleet(RouterLoops):
             usage = Usage(req.prompt_len, req.num_output, req.cached_tokens)
             self.recorder.turn(str(req.tag), replica=replica, usage=usage, now=self.now)
         self._count_reprefill(traj, replica, req, turn=session)  # the router's finish_turn, then end
-        self.ledger.turn_ended(session, now=self.now)
+        plan = traj.plan
+        told = self.known_tools and traj.turn < len(plan.tool_latencies)  # the tool call after this turn
+        self.ledger.turn_ended(session, now=self.now, tool_s=plan.tool_latencies[traj.turn] if told else None)
         traj.prev_replica = replica
         traj.prev_context = req.seq_len - 1  # the last sampled token's KV is never computed
         traj.turn += 1
-        plan = traj.plan
         max_len = self.cfg.scenario.max_model_len
         ended = (
             req.finish_reason == "length"
