@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from rolloutpool.dev.bench.client import observation_text, prompt_text, reprefilled_tokens
+from rolloutpool.dev.bench.config import BenchConfig, BenchResult, scaled_scenario
 from rolloutpool.dev.bench.overhead import DIRECT, OverheadConfig, percentile
 from rolloutpool.dev.bench.peers import OURS, RouterLaunch, our_router_argv, program_scheduling_config, vllm_router_argv
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
 from rolloutpool.dev.bench.report import markdown, result_json
-from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, metric_totals, run_bench, scaled_scenario
+from rolloutpool.dev.bench.runner import metric_totals, run_bench
 from rolloutpool.dev.net import free_port
 from rolloutpool.dev.processes import pid_alive
 from rolloutpool.engine.model.cost import CostModel

@@ -19,8 +19,8 @@ from rolloutpool.dev.bench.adaptive import (
     status_document,
 )
 from rolloutpool.dev.bench.client import ClientResult, TrajectoryRecord, TurnRecord, queued_mean, write_turns
+from rolloutpool.dev.bench.config import BenchResult, RouterRun
 from rolloutpool.dev.bench.peers import ADAPTIVE, RouterLaunch, our_router_argv
-from rolloutpool.dev.bench.runner import BenchResult, RouterRun
 from rolloutpool.dev.bench.sweep import BASELINE, SweepPoint, SweepResult, median_rows, ratio_rows, sweep_json
 from rolloutpool.dev.bench.sweep_report import (
     median_markdown,

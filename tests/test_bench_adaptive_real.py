@@ -18,9 +18,9 @@ import aiohttp
 from rolloutpool.dev.bench.adaptive import bench_pool_spec
 from rolloutpool.dev.bench.adaptive_loop import LawLoop, admin_token
 from rolloutpool.dev.bench.client import ClientConfig, run_client
+from rolloutpool.dev.bench.config import scaled_scenario
 from rolloutpool.dev.bench.peers import RouterLaunch, our_router_argv
 from rolloutpool.dev.bench.processes import ProcessSet, rolloutpool_argv
-from rolloutpool.dev.bench.runner import scaled_scenario
 from rolloutpool.dev.net import LOOPBACK, free_port
 from rolloutpool.dev.processes import pid_alive
 from rolloutpool.sim.workload import scenario

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rolloutpool.dev.bench.config import BenchConfig, scaled_scenario
 from rolloutpool.dev.bench.peers import (
     PEER_ROUTERS,
     ROUTER_NAMES,
@@ -18,7 +19,7 @@ from rolloutpool.dev.bench.peers import (
     uses_vllm_router,
     vllm_router_argv,
 )
-from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario
+from rolloutpool.dev.bench.runner import run_bench
 from rolloutpool.dev.processes import pid_alive
 from rolloutpool.routing.peers.registry import make_scheduler
 from rolloutpool.sim.workload import scenario

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from rolloutpool.cli.bench import bench_command
-from rolloutpool.dev.bench.runner import BenchConfig, describe, scaled_scenario
+from rolloutpool.dev.bench.config import BenchConfig, describe, scaled_scenario
 from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.workload import scenario

@@ -107,7 +107,7 @@ def test_residency_is_told_only_where_the_engines_publish_kv_events(monkeypatch:
 
 
 def test_bench_simulate_follows_the_benchs_kv_events_switch() -> None:
-    from rolloutpool.dev.bench.runner import BenchConfig  # noqa: PLC0415
+    from rolloutpool.dev.bench.config import BenchConfig  # noqa: PLC0415
     from rolloutpool.dev.bench.simulated import fleet_config  # noqa: PLC0415
 
     bench = BenchConfig(scenario=scenario("agentic-grpo"), routers=("rolloutpool",))

@@ -21,7 +21,7 @@ from rolloutpool.dev.bench.peers import DEFAULT_ROUTERS, ROUTER_NAMES, uses_vllm
 from rolloutpool.sim.workload import SCENARIOS, scenario
 
 if TYPE_CHECKING:
-    from rolloutpool.dev.bench.runner import BenchConfig
+    from rolloutpool.dev.bench.config import BenchConfig
     from rolloutpool.dev.bench.sweep import SweepResult
 
 __all__ = ["bench_command"]
@@ -266,9 +266,10 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
 ) -> None:
     """Real processes on 127.0.0.1: our router against vllm-router, fed the same agentic workload."""
     # imported here, not at module level: every `rolloutpool` command imports this module
+    from rolloutpool.dev.bench.config import BenchConfig, scaled_scenario  # noqa: PLC0415
     from rolloutpool.dev.bench.overhead import OverheadConfig  # noqa: PLC0415
     from rolloutpool.dev.bench.report import overhead_table, runs_table, write_outputs  # noqa: PLC0415
-    from rolloutpool.dev.bench.runner import BenchConfig, run_bench, scaled_scenario  # noqa: PLC0415
+    from rolloutpool.dev.bench.runner import run_bench  # noqa: PLC0415
     from rolloutpool.dev.bench.sweep import run_sweep  # noqa: PLC0415
 
     if combine:

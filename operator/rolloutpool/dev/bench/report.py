@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
+from rolloutpool.dev.bench.config import BenchResult, RouterRun
 from rolloutpool.dev.bench.overhead import OverheadRow
-from rolloutpool.dev.bench.runner import BenchResult, RouterRun
 
 __all__ = ["markdown", "overhead_table", "result_json", "runs_table", "write_outputs"]
 

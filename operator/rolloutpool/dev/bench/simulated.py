@@ -3,7 +3,7 @@
 A real-process figure means most beside what the simulator says of the same point: where they
 agree the processes, HTTP and the engines' clocks reproduce the model, and where they part one
 of them is wrong. This runs :func:`rolloutpool.sim.fleet.simulate_policy` on a
-:class:`~rolloutpool.sim.config.FleetConfig` built from the :class:`~rolloutpool.dev.bench.runner.BenchConfig`
+:class:`~rolloutpool.sim.config.FleetConfig` built from the :class:`~rolloutpool.dev.bench.config.BenchConfig`
 (replicas, KV blocks, in-flight count, simulated window = wall window x time scale, seed,
 the router's scrape interval in simulated seconds, every trajectory started at
 once as the bench's client starts them), for every router that has a simulated policy, sticky
@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rolloutpool.capacity import DEFAULT_BLOCK_SIZE
+from rolloutpool.dev.bench.config import BenchConfig
 from rolloutpool.dev.bench.peers import ADAPTIVE, OURS, PEER_ROUTERS
-from rolloutpool.dev.bench.runner import BenchConfig
 from rolloutpool.sim.compare import every_session_resident
 from rolloutpool.sim.config import FleetConfig
 from rolloutpool.sim.fleet import simulate_policy

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from rolloutpool.dev.bench.config import BenchConfig, BenchResult, RouterRun
 from rolloutpool.dev.bench.overhead import OverheadRow
-from rolloutpool.dev.bench.runner import BenchConfig, BenchResult, RouterRun, run_bench, run_overhead
+from rolloutpool.dev.bench.runner import run_bench, run_overhead
 
 __all__ = [
     "BASELINE",
