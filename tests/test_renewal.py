@@ -159,3 +159,36 @@ def test_renewal_is_ours_alone_and_deterministic() -> None:
     config = _fleet(4.0)
     assert simulate_policy(config, "sticky-least-loaded").renewals is None
     assert simulate_policy(config, "rolloutpool").row() == simulate_policy(config, "rolloutpool").row()
+
+
+def test_under_turn_scheduling_only_kept_prefixes_still_cached_are_renewed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rolloutpool.routing.workingset import Phase  # noqa: PLC0415
+    from rolloutpool.sim.fleet import _Fleet  # noqa: PLC0415 -- its enqueue is watched
+
+    phases: list[Phase | None] = []
+    enqueue = _Fleet._enqueue
+
+    def watched(self: _Fleet, replica: str, request: Request) -> None:
+        if isinstance(request.tag, str):  # a renewal (a turn's tag is its trajectory's index)
+            phases.append(self.ledger.work.phase(request.tag) if self.ledger.work is not None else None)
+        enqueue(self, replica, request)
+
+    monkeypatch.setattr(_Fleet, "_enqueue", watched)
+    base = FleetConfig(scenario=scenario("agentic-grpo"), in_flight=1, replicas=2, duration_s=600.0)
+    config = replace(base, in_flight=3 * fleet_floor(base), renew_every_s=2.0)  # pressure: prefixes are let go
+    result = simulate_policy(config, "rolloutpool")
+    assert result.renewals is not None
+    assert result.renewals > 20
+    assert len(phases) >= result.renewals
+    assert set(phases) == {Phase.IDLE}  # never a prefix let go, held or generating
+
+
+def test_a_skipped_renewal_is_not_counted_and_comes_due_again_an_interval_later() -> None:
+    clock = RenewalClock(RenewalConfig(every_seconds=2.0))
+    clock.idle("a", now=0.0)
+    assert clock.due(now=2.0) == ["a"]
+    clock.skipped("a", now=2.0)
+    assert clock.renewals == 0
+    assert clock.due(now=3.9) == []
+    assert clock.due(now=4.0) == ["a"]
+    assert clock.renewals == 1

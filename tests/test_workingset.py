@@ -292,6 +292,21 @@ def test_a_reference_told_the_tool_time_keeps_a_prefix_exactly_that_long_or_lets
     assert (ws.phase("short"), ws.phase("long")) == (Phase.IDLE, Phase.LET_GO)
 
 
+def test_renewal_refreshes_only_a_kept_prefix_that_is_still_cached() -> None:
+    ws = _set()
+    _idle(ws, "kept", 1000, now=0.0)
+    ws.bound("busy", "r", now=0.0, first_context=1000)
+    assert ws.renews("kept", resident=None)  # no KV events: presumed cached
+    assert ws.renews("kept", resident=1000)
+    assert not ws.renews("kept", resident=1000 - CONFIG.block_tolerance - 16)  # evicted: renewing would re-prefill
+    assert not ws.renews("busy", resident=None)  # generating: its turn refreshes it
+    assert ws.renews("unknown", resident=None)  # not scheduled: renewal as configured
+    ws.turn_finished("busy", context=1000, now=1.0)
+    assert ws.make_room("r", 5000 - 1000 - 100 + 1, now=100.0)  # the working set needs room: "kept" goes first
+    assert (ws.phase("kept"), ws.phase("busy")) == (Phase.LET_GO, Phase.IDLE)
+    assert not ws.renews("kept", resident=1000)  # let go: the engine's to evict
+
+
 # -- moving once, instead of waiting -------------------------------------------------------------------------
 
 

@@ -143,7 +143,8 @@ def caps_command(  # noqa: PLR0917 - click passes every option as a positional p
     "simulate --policy (consistent-hash, clairvoyant, ...); any of them as LABEL+free-restore on engines whose "
     "re-prefill of context computed before is free (free-restore: sticky least-loaded so), or as LABEL+no-groups "
     "with no GRPO group known to the router or named by it (as `router --no-infer-groups`), or as LABEL+known-tools "
-    "with our router told each tool call's duration as it starts (a reference: no router knows it).",
+    "with our router told each tool call's duration as it starts (a reference: no router knows it), or as "
+    "LABEL+renew with our router renewing the prefixes it keeps every 2 s (as `router --renew-every 2`).",
 )  # fmt: skip
 @click.option("--duration", "duration_s", type=click.FloatRange(min=60), default=1200.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1, max=256), default=4, show_default=True)

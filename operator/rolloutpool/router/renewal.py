@@ -17,6 +17,8 @@ bounded by the request body limit (``max_body_bytes``) plus the turn's output.
 A renewal's answer is checked like a returning turn: ``cached_tokens`` short of the
 session's context is that session's re-prefill (counted and fed to the fast
 quarantine; its next turn then finds the context cached, so nothing counts twice).
+Under turn scheduling only the prefixes the working set keeps are renewed, and only while the engines' KV
+events say they are still cached (``WorkingSet.renews``): a prefix let go is the engine's to evict.
 Renewals are not turns: the session's context, ``last_seen`` (idle expiry) and
 turn counters are untouched. A failed renewal is counted and retried after the next
 idle period (a 4xx drops the record: the same body would fail again); it never
@@ -129,7 +131,10 @@ class Renewer:
                 continue  # released, or a turn is in flight (its end starts the next idle period)
             replica = self.manager.table.replicas.get(session.replica)
             if replica is None or not replica.ready:
-                self.clock.idle(sid, now=self.manager.clock())  # not while the replica is down: later
+                self.clock.skipped(sid, now=self.manager.clock())  # not while the replica is down: later
+                continue
+            if not self.manager.ledger.renews(sid, resident=self.manager.resident(session.replica, sid)):
+                self.clock.skipped(sid, now=self.manager.clock())  # let go by the turn scheduler, or evicted: later
                 continue
             task = asyncio.create_task(self._renew(session, record), name=f"rolloutpool-renewal-{sid}")
             self._tasks.add(task)

@@ -163,6 +163,11 @@ class Ledger(TurnControls):
         session = self.table.sessions.get(session_id)
         return None if session is None or session.release_how is not None else session
 
+    def renews(self, session_id: str, *, resident: int | None) -> bool:
+        """Whether prefix renewal should refresh the session's cached context now (the turn scheduler's
+        :meth:`~rolloutpool.routing.workingset.WorkingSet.renews`; without one, always)."""
+        return self.work is None or self.work.renews(session_id, resident=resident)
+
     @property
     def now(self) -> float:
         """The time of the latest event the ledger was told of (caps are computed as of then)."""

@@ -11,7 +11,8 @@ It costs one scheduled sequence and one token; repeated every ``every_seconds`` 
 session stays idle, its prefix is evicted only if the cache turns over faster than that.
 
 :class:`RenewalClock` tracks when each session went idle and when it was last renewed,
-and answers which renewals are due; the caller (simulator or router) sends them.
+and answers which renewals are due; the caller (simulator or router) sends those the turn scheduler
+keeps (``Ledger.renews``: a prefix it let go, or one already evicted, waits an interval and is asked again).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class RenewalClock:
         due = now + self.config.every_seconds
         self._due[session_id] = due
         heapq.heappush(self._heap, (due, session_id))
+
+    def skipped(self, session_id: str, *, now: float) -> None:
+        """A due renewal the caller did not send (not worth it now): not counted; asked again an interval later."""
+        self.renewals -= 1
+        self.idle(session_id, now=now)
 
     def busy(self, session_id: str) -> None:
         """The session sent a request (or is being renewed): nothing to renew until it is idle again."""

@@ -141,6 +141,19 @@ class WorkingSet:
         tracked = self.sessions.get(sid)
         return tracked is not None and tracked.lapsed
 
+    def renews(self, sid: str, *, resident: int | None) -> bool:
+        """Whether prefix renewal should refresh the session's cached context now: only a prefix the working set keeps
+        (an idle session within its count), and only while it is still cached (``resident``: its context still
+        cached on its replica; None: unknown). A prefix let go is the engine's to evict, and refreshing one already
+        evicted would re-prefill it now for a turn that may be far off. A session not tracked: True (renewal as
+        configured, without turn scheduling)."""
+        tracked = self.sessions.get(sid)
+        if tracked is None:
+            return True
+        if tracked.phase is not Phase.IDLE:
+            return False
+        return resident is None or resident >= tracked.context - self.config.block_tolerance
+
     def need(self, sid: str, replica: str | None = None) -> int:
         """Tokens the session's next turn adds to a replica's working set (its own by default) when it is not counted:
         its context and a turn's growth, less its group's shared prompt while other members keep that there."""

@@ -63,10 +63,12 @@ _SUFFIXES: dict[str, dict[str, Any]] = {
     "+free-restore": {"free_restore": True},
     "+no-groups": {"infer_groups": False, "group_hint": False},
     "+known-tools": {"known_tools": True},
+    "+renew": {"renew_every_s": 2.0},
 }
 """``LABEL+SUFFIX``: variant ``LABEL`` with these FleetConfig changes (engines that restore context computed before at
 no cost; a router told no GRPO group and naming none by the opening prompt, as ``rolloutpool router
---no-infer-groups``; our router told each tool call's duration as it starts, a reference)."""
+--no-infer-groups``; our router told each tool call's duration as it starts, a reference; our router renewing the
+prefixes it keeps every 2 s, as ``rolloutpool router --renew-every 2``)."""
 OURS = "rolloutpool"
 """Our router alone: turn-level scheduling with its default targets."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -91,7 +93,8 @@ def variant(label: str) -> tuple[str, dict[str, Any]]:
     ``law:KEY=VALUE:...``: our router under the operator's law with these :class:`~rolloutpool.autoscale.law.LawParams`;
     ``LABEL+free-restore``: variant ``LABEL`` on engines that restore context computed before at no cost;
     ``LABEL+no-groups``: variant ``LABEL`` with no GRPO group known or named;
-    ``LABEL+known-tools``: our router in variant ``LABEL`` told each tool call's duration (suffixes combine).
+    ``LABEL+known-tools``: our router in variant ``LABEL`` told each tool call's duration;
+    ``LABEL+renew``: our router in variant ``LABEL`` renewing the prefixes it keeps every 2 s (suffixes combine).
     """
     if label in VARIANTS:
         return VARIANTS[label]

@@ -182,11 +182,7 @@ class _Fleet(RouterLoops):
         traj = self.trajs[idx]
         if self.recorder is not None:
             self.recorder.arrived(str(idx), now=self.now, group=str(traj.plan.group))
-        resident = None
-        if traj.replica is not None and self.ledger.work is not None and self.cfg.kv_events:  # what KV events tell
-            engine = self.drivers[traj.replica].engine
-            hits = engine.pool.count_hits(traj.chain.hashes, max(0, traj.chain.length - 1) // self.block_size)
-            resident = hits * self.block_size
+        resident = None if traj.replica is None else self._resident(traj, traj.replica)
         placement = self._placement(traj, resident)
         decision = self.ledger.arrive(placement, now=self.now)
         if isinstance(decision, Bound):

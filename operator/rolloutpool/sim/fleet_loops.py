@@ -79,6 +79,7 @@ class RouterLoops:
     events: list[tuple[float, int, int, object]]
     now: float
     _last_counts: dict[str, tuple[int, int]]
+    block_size: int
     _seq: int
     _rid: int
 
@@ -92,6 +93,13 @@ class RouterLoops:
 
     def _enqueue(self, replica: str, request: Request) -> None:
         raise NotImplementedError
+
+    def _resident(self, traj: Traj, replica: str) -> int | None:
+        """The trajectory's context still cached on ``replica``, as KV events tell the router (None: not known)."""
+        if self.ledger.work is None or not self.cfg.kv_events:
+            return None
+        blocks = max(0, traj.chain.length - 1) // self.block_size
+        return self.drivers[replica].engine.pool.count_hits(traj.chain.hashes, blocks) * self.block_size
 
     def _count_reprefill(self, traj: Traj, replica: str, req: Request, *, turn: Session | None = None) -> None:
         raise NotImplementedError
@@ -125,6 +133,9 @@ class RouterLoops:
             traj = self.trajs[int(sid)]  # a finished session is forgotten by the clock
             session = self.ledger.lookup(sid)
             if session is None or traj.inflight:  # pragma: no cover - an idle live session is bound and idle
+                continue
+            if not self.ledger.renews(sid, resident=self._resident(traj, session.replica)):
+                self.renewals.clock.skipped(sid, now=self.now)  # let go, or evicted: asked again an interval later
                 continue
             self._rid += 1
             context = traj.prev_context + 1  # the last turn's prompt + output, as the client sent and received it
