@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from click.testing import CliRunner
 
 from rolloutpool.cli.bench import bench_command
 from rolloutpool.dev.bench.config import BenchConfig, describe, scaled_scenario
+from rolloutpool.dev.bench.peers import RouterLaunch, our_router_argv
 from rolloutpool.dev.bench.simulated import fleet_config, simulate_bench
 from rolloutpool.sim.fleet import simulate_policy
 from rolloutpool.sim.workload import scenario
@@ -33,6 +35,16 @@ def test_the_simulated_fleet_is_the_bench_fleet() -> None:
     assert not fleet.group_hint  # the bench's client sends session ids only, as vllm-router's clients
     assert fleet_config(_config(group_hint=True)).group_hint  # --group-hint: the simulated router is told too
     assert describe(_config(group_hint=True))["group_hint"] is True
+    assert fleet.renew_every_s is None  # renewal off, as the router's default
+    assert fleet_config(_config(renew_every_s=2.0)).renew_every_s == 2.0  # engine seconds, as the bench's option
+
+
+def test_renewal_reaches_our_router_in_wall_seconds() -> None:
+    launch = RouterLaunch(replica_urls=("http://127.0.0.1:1",), port=2, kv_capacity_tokens=8192, max_model_len=2048,
+                          time_scale=4.0, scrape_interval_s=0.5, queue_timeout_s=60.0)  # fmt: skip
+    assert "--renew-every" not in our_router_argv(launch, prefix=["rolloutpool"])
+    argv = our_router_argv(replace(launch, renew_every_s=0.5), prefix=["rolloutpool"])
+    assert argv[argv.index("--renew-every") + 1] == "0.5"
 
 
 def test_routers_without_a_model_are_named_and_the_baseline_always_runs() -> None:

@@ -183,6 +183,11 @@ def _simulate(
     "(spec.router.kvEvents); --no-kv-events: our router presumes a prefix it let go is gone (with --simulate too).",
 )  # fmt: skip
 @click.option(
+    "--renew-every", "renew_every_s", type=click.FloatRange(min=0.01), default=None, metavar="SECONDS",
+    help="Our router renews the prefixes its turn scheduler keeps every this many engine seconds (router "
+    "--renew-every, in wall seconds there); default off, as the router's. --simulate renews the same.",
+)  # fmt: skip
+@click.option(
     "--group-hint/--no-group-hint", default=False, show_default=True,
     help="The client sends each trajectory's GRPO group in X-Session-Group, our router's group hint (it counts a "
     "group's shared prompt once and co-locates the group); off, as vllm-router's clients send session ids only. "
@@ -247,6 +252,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
     in_flight: int,
     prefill_cost_scale: float,
     kv_events: bool,
+    renew_every_s: float | None,
     group_hint: bool,
     loads: tuple[float, ...],
     seed: int,
@@ -309,6 +315,7 @@ def bench_command(  # noqa: PLR0917 - click passes every option as a positional 
                 context_scale=context_scale,
                 prefill_cost_scale=prefill_cost_scale,
                 kv_events=kv_events,
+                renew_every_s=renew_every_s,
                 group_hint=group_hint,
                 overhead=OverheadConfig(
                     concurrency=overhead_concurrency, rounds=overhead_rounds, slice_s=overhead_slice

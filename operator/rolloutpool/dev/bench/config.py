@@ -72,6 +72,9 @@ class BenchConfig:
     """Every engine-sim publishes KV events (``--kv-events-config``) and our router subscribes (``--kv-events``), as
     a RolloutPool deploys them by default (``spec.router.kvEvents``); off: our router presumes a prefix it let go is
     gone. vllm-router does not read them."""
+    renew_every_s: float | None = None
+    """Our router renews the prefixes its turn scheduler keeps every this many engine seconds (``--renew-every``,
+    passed in wall seconds); None: off, its default."""
     group_hint: bool = False
     """The client sends each trajectory's GRPO group in ``X-Session-Group`` (our router's group hint: it counts a
     group's shared prompt once and co-locates the group); off, as vllm-router's clients: session ids only."""
@@ -164,6 +167,7 @@ def describe(config: BenchConfig) -> dict[str, object]:
         "prefill_cost_scale": config.prefill_cost_scale,
         "kv_events": config.kv_events,
         "group_hint": config.group_hint,
+        "renew_every_s": config.renew_every_s,
         "group_size": s.group_size,
         "prompt_tokens": [s.prompt_tokens.median, s.prompt_tokens.p90],
         "action_tokens": [s.action_tokens.median, s.action_tokens.p90],

@@ -101,6 +101,8 @@ class RouterLaunch:
     """The engine-sims' step-time model (vllm-router's program scheduling is calibrated to it); None: the default."""
     kv_events: tuple[str, ...] = ()
     """Our router's ``--kv-events`` subscriptions (``NAME=tcp://HOST:PORT,tcp://HOST:REPLAY_PORT``), if any."""
+    renew_every_s: float | None = None
+    """Our router's ``--renew-every`` (wall seconds); None: no renewal."""
 
 
 def uses_vllm_router(name: str) -> bool:
@@ -144,6 +146,8 @@ def our_router_argv(launch: RouterLaunch, *, prefix: list[str], turn_scheduler: 
         argv += ["--admin-token-file", launch.admin_token_file]
     for subscription in launch.kv_events:
         argv += ["--kv-events", subscription]
+    if launch.renew_every_s is not None:
+        argv += ["--renew-every", f"{launch.renew_every_s:g}"]
     return argv
 
 

@@ -209,6 +209,7 @@ def _launch(
         prometheus_port=free_port(),
         admin_token_file=admin_token_file,
         kv_events=kv_events,
+        renew_every_s=None if config.renew_every_s is None else config.renew_every_s / config.time_scale,
     )
 
 

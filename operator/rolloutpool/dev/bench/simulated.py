@@ -71,6 +71,7 @@ def fleet_config(config: BenchConfig) -> FleetConfig:
         start_spread_s=0.0,
         group_hint=config.group_hint,
         kv_events=config.kv_events,
+        renew_every_s=config.renew_every_s,
     )
 
 
