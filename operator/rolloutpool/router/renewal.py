@@ -130,11 +130,12 @@ class Renewer:
             if session is None or record is None or self.manager.busy(sid):
                 continue  # released, or a turn is in flight (its end starts the next idle period)
             replica = self.manager.table.replicas.get(session.replica)
-            if replica is None or not replica.ready:
-                self.clock.skipped(sid, now=self.manager.clock())  # not while the replica is down: later
-                continue
-            if not self.manager.ledger.renews(sid, resident=self.manager.resident(session.replica, sid)):
-                self.clock.skipped(sid, now=self.manager.clock())  # let go by the turn scheduler, or evicted: later
+            if (
+                replica is None
+                or not replica.ready  # not while the replica is down
+                or not self.manager.ledger.renews(sid, resident=self.manager.resident(session.replica, sid))
+            ):  # nor for a prefix the turn scheduler let go, or one evicted: asked again an interval later
+                self.clock.skipped(sid, now=self.manager.clock())
                 continue
             task = asyncio.create_task(self._renew(session, record), name=f"rolloutpool-renewal-{sid}")
             self._tasks.add(task)

@@ -152,7 +152,11 @@ class WorkingSet:
             return True
         if tracked.phase is not Phase.IDLE:
             return False
-        return resident is None or resident >= tracked.context - self.config.block_tolerance
+        return resident is None or self._cached(tracked, resident)
+
+    def _cached(self, tracked: Tracked, resident: int) -> bool:
+        """Whether ``resident`` cached tokens hold the session's context (within a few blocks)."""
+        return resident >= tracked.context - self.config.block_tolerance
 
     def need(self, sid: str, replica: str | None = None) -> int:
         """Tokens the session's next turn adds to a replica's working set (its own by default) when it is not counted:
@@ -185,7 +189,7 @@ class WorkingSet:
             self._generate(tracked, now)
             self.make_room(work.name, 0, now=now)  # its growth may push the set over: let older idle ones go
             return True
-        cached = resident is not None and resident >= tracked.context - self.config.block_tolerance
+        cached = resident is not None and self._cached(tracked, resident)
         unknown = work.capacity is None  # an engine that reports no KV capacity: nothing to schedule by
         if cached or unknown or (not work.held and self._make_room_for(sid, work.name, now=now)):
             work.out.discard(sid)
@@ -207,7 +211,7 @@ class WorkingSet:
         tracked = self.sessions.get(sid)
         if not self.config.move or tracked is None or tracked.phase is not Phase.HELD or tracked.moved:
             return None
-        if resident is not None and resident >= tracked.context - self.config.block_tolerance:
+        if resident is not None and self._cached(tracked, resident):
             return None  # its blocks are still here: it is served here
         best, room = None, -1
         for name in candidates:
